@@ -1,0 +1,27 @@
+"""deploy: a cross-hardware deployment compiler.
+
+    import deploy
+    art = deploy.compile("model.onnx", target="host")
+    art.save("model.dpk")
+    mod = deploy.load("model.dpk")
+    outs = mod.run({"input": x})
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402
+    ArtifactError, CompileError, DeployError, InputError, ModelError, TargetError,
+    UnsupportedOpsError,
+)
+from .runtime import Module, load  # noqa: E402
+
+
+def compile(model, target="host", **options):
+    """Compile a model (path to .onnx/.pt2, onnx.ModelProto, ExportedProgram) for ``target``."""
+    from .compiler import compile as _compile
+    return _compile(model, target=target, **options)
+
+
+__all__ = ["ArtifactError", "CompileError", "DeployError", "InputError", "ModelError", "Module",
+           "TargetError", "UnsupportedOpsError", "compile", "load", "__version__"]

@@ -1,0 +1,330 @@
+"""Render tensor-IR kernels to C99 (+ OpenMP pragmas).
+
+``CRenderer.kernel(kernel, schedule)`` returns the C function for one kernel; ``module`` joins many
+kernels behind the shared prelude. Scalar ops render through the tables ``UNARY``/``BINARY``; a
+missing entry is a clear error, never a crash deep inside. float16 and bfloat16 are loaded into
+float, computed in float and rounded once on store.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...graph_ir.types import DType
+from ...tensor_ir.expr import (
+    B, R, U, Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, walk,
+)
+from ...tensor_ir.kernel import Buffer, Kernel, Stage
+from ...tensor_ir.schedule import StageSchedule
+
+PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
+
+F = "{f}"  # float-function suffix placeholder: "f" for float, "" for double
+
+UNARY = {
+    U.NEG: "(-{x})", U.ABS: "fabs{f}({x})", U.EXP: "exp{f}({x})", U.LOG: "log{f}({x})",
+    U.SQRT: "sqrt{f}({x})", U.RSQRT: "(1/sqrt{f}({x}))", U.SIN: "sin{f}({x})",
+    U.COS: "cos{f}({x})", U.TAN: "tan{f}({x})", U.ASIN: "asin{f}({x})", U.ACOS: "acos{f}({x})",
+    U.ATAN: "atan{f}({x})", U.SINH: "sinh{f}({x})", U.COSH: "cosh{f}({x})",
+    U.TANH: "tanh{f}({x})", U.ASINH: "asinh{f}({x})", U.ACOSH: "acosh{f}({x})",
+    U.ATANH: "atanh{f}({x})", U.ERF: "erf{f}({x})", U.FLOOR: "floor{f}({x})",
+    U.CEIL: "ceil{f}({x})", U.ROUND: "rint{f}({x})", U.SIGN: "DP_SIGN({x})",
+    U.RECIP: "(1/({x}))", U.NOT: "(!{x})", U.BITNOT: "(~{x})", U.ISNAN: "isnan({x})",
+    U.ISINF: "isinf({x})", U.ISPOSINF: "(isinf({x}) && {x} > 0)",
+    U.ISNEGINF: "(isinf({x}) && {x} < 0)",
+}
+INT_UNARY = {U.ABS: "({x} < 0 ? -{x} : {x})", U.NEG: "(-{x})"}
+
+BINARY = {
+    B.ADD: "({a} + {b})", B.SUB: "({a} - {b})", B.MUL: "({a} * {b})", B.DIV: "({a} / {b})",
+    B.FLOORDIV: "({a} / {b})", B.MOD: "({a} % {b})", B.FMOD: "fmod{f}({a}, {b})",
+    B.POW: "pow{f}({a}, {b})", B.MAX: "DP_MAX({a}, {b})", B.MIN: "DP_MIN({a}, {b})",
+    B.LT: "({a} < {b})", B.LE: "({a} <= {b})", B.GT: "({a} > {b})", B.GE: "({a} >= {b})",
+    B.EQ: "({a} == {b})", B.NE: "({a} != {b})", B.AND: "({a} && {b})", B.OR: "({a} || {b})",
+    B.XOR: "((bool){a} != (bool){b})", B.BITAND: "({a} & {b})", B.BITOR: "({a} | {b})",
+    B.BITXOR: "({a} ^ {b})", B.SHL: "({a} << {b})", B.SHR: "({a} >> {b})",
+    B.ATAN2: "atan2{f}({a}, {b})",
+}
+INT_BINARY = {
+    B.PYMOD: "dp_pymod_i({a}, {b})", B.POW: "dp_ipow({a}, {b})", B.FMOD: "({a} % {b})",
+}
+UINT_BINARY = {B.PYMOD: "dp_pymod_u({a}, {b})"}
+FLOAT_BINARY = {B.PYMOD: "dp_pymod_f({a}, {b})"}
+
+REDUCE_INIT = {
+    R.SUM: "0", R.PROD: "1", R.MAX: "-INFINITY", R.MIN: "INFINITY",
+}
+INT_LIMITS = {
+    DType.int8: ("INT8_MIN", "INT8_MAX"), DType.int16: ("INT16_MIN", "INT16_MAX"),
+    DType.int32: ("INT32_MIN", "INT32_MAX"), DType.int64: ("INT64_MIN", "INT64_MAX"),
+    DType.uint8: ("0", "UINT8_MAX"), DType.uint16: ("0", "UINT16_MAX"),
+    DType.uint32: ("0", "UINT32_MAX"), DType.uint64: ("0", "UINT64_MAX"),
+    DType.bool: ("0", "1"),
+}
+
+
+def compute_type(dtype: DType) -> str:
+    """The C type arithmetic on ``dtype`` happens in."""
+    if dtype in (DType.float16, DType.bfloat16):
+        return "float"
+    if dtype.c_type is None:
+        raise NotImplementedError(f"dtype {dtype.name} has no C representation")
+    return dtype.c_type
+
+
+def _fsuffix(dtype: DType) -> str:
+    return "" if dtype is DType.float64 else "f"
+
+
+class CRenderer:
+    """Renders one kernel at a time; keeps counters for fresh C identifiers."""
+
+    def __init__(self) -> None:
+        self._tmp = 0
+
+    # ---- module / kernel ---------------------------------------------------------------
+    def module(self, rendered: list[str]) -> str:
+        return PRELUDE + "\n" + "\n".join(rendered)
+
+    def kernel(self, k: Kernel, schedules: list[StageSchedule]) -> str:
+        self.buffers = {b.name: b for b in (*k.inputs, *k.outputs, *k.temps)}
+        lines = [f"/* {k.note} */" if k.note else "", f"void {k.name}(void* const* args) {{"]
+        for pos, b in enumerate((*k.inputs, *k.outputs)):
+            ctype = b.dtype.c_type
+            qual = "const " if pos < len(k.inputs) else ""
+            lines.append(f"  {qual}{ctype}* restrict {_ident(b.name)} = ({qual}{ctype}*)args[{pos}];")
+        for t in k.temps:
+            lines.append(f"  {t.dtype.c_type}* restrict {_ident(t.name)} = "
+                         f"({t.dtype.c_type}*)malloc({max(t.numel, 1)} * sizeof({t.dtype.c_type}));")
+        for stage, sched in zip(k.stages, schedules):
+            lines.extend(self.stage(stage, sched))
+        for t in k.temps:
+            lines.append(f"  free({_ident(t.name)});")
+        lines.append("}")
+        return "\n".join(line for line in lines if line) + "\n"
+
+    def stage(self, st: Stage, sched: StageSchedule) -> list[str]:
+        out = self.buffers[st.out]
+        if sched.reduce_outer is not None:
+            return self._stage_reduce_outer(st, out, sched)
+        lines: list[str] = []
+        depth = self._open_loops(lines, st.vars, st.extents, sched.parallel, "  ")
+        ind = "  " * (depth + 1)
+        body = self.expr(st.body, lines, ind)
+        lines.append(ind + self._store(st, out, body))
+        self._close_loops(lines, depth)
+        return ["  {"] + lines + ["  }"]
+
+    def _stage_reduce_outer(self, st: Stage, out: Buffer, sched: StageSchedule) -> list[str]:
+        """out[o, i] = sum_r body  ->  for o: { out[o, :] = 0; for r: for i: out[o, i] += body }."""
+        red: Reduce = st.body  # type: ignore[assignment]
+        n_outer = sched.reduce_outer
+        ovars, ivars = st.vars[:n_outer], st.vars[n_outer:]
+        lines: list[str] = []
+        depth = self._open_loops(lines, ovars, out.shape[:n_outer], sched.parallel, "  ")
+        ind = "  " * (depth + 1)
+        ctype = compute_type(out.dtype)
+        target = f"{_ident(out.name)}[{self.flat(out, st.vars)}]"
+        d2 = self._open_loops(lines, ivars, out.shape[n_outer:], 0, ind)
+        lines.append("  " * (depth + d2 + 1) + f"{target} = ({ctype})0;")
+        self._close_loops(lines, d2, depth)
+        rvars = [v for v, _ in red.vars]
+        d3 = self._open_loops(lines, rvars, [e for _, e in red.vars], 0, ind)
+        d4 = self._open_loops(lines, ivars, out.shape[n_outer:], 0, "  " * (depth + d3 + 1),
+                              simd=True)
+        ind2 = "  " * (depth + d3 + d4 + 1)
+        term = self.expr(red.body, lines, ind2)
+        lines.append(f"{ind2}{target} += {term};")
+        self._close_loops(lines, d3 + d4, depth)
+        self._close_loops(lines, depth)
+        return ["  {"] + lines + ["  }"]
+
+    # ---- loops --------------------------------------------------------------------------
+    def _open_loops(self, lines, vars_, extents, parallel: int, ind: str, simd=False) -> int:
+        for k, (v, n) in enumerate(zip(vars_, extents)):
+            pad = ind + "  " * k
+            if k == 0 and parallel:
+                collapse = f" collapse({parallel})" if parallel > 1 else ""
+                lines.append(f"{pad}#pragma omp parallel for{collapse} schedule(static)")
+            if simd and k == len(vars_) - 1:
+                lines.append(f"{pad}#pragma omp simd")
+            lines.append(f"{pad}for (int64_t {v.name} = 0; {v.name} < {int(n)}; ++{v.name}) {{")
+        return len(vars_)
+
+    @staticmethod
+    def _close_loops(lines, depth: int, base: int = 0) -> None:
+        for k in reversed(range(depth)):
+            lines.append("  " * (base + k + 1) + "}")
+
+    def _store(self, st: Stage, out: Buffer, value: str) -> str:
+        index = st.store_index if st.store_index is not None else st.vars
+        target = f"{_ident(out.name)}[{self.flat(out, index)}]"
+        if st.accumulate:
+            cur = self._load_value(out, target)
+            value = {"add": f"({cur} + {value})", "mul": f"({cur} * {value})",
+                     "max": f"DP_MAX({cur}, {value})", "min": f"DP_MIN({cur}, {value})"}[st.accumulate]
+        return f"{target} = {self._to_storage(out.dtype, value)};"
+
+    # ---- expressions ----------------------------------------------------------------------
+    def flat(self, buf: Buffer, index) -> str:
+        if not buf.shape:
+            return "0"
+        terms, stride = [], 1
+        for dim, ix in reversed(list(zip(buf.shape, index))):
+            if dim != 1:
+                s = self.index_expr(ix)
+                terms.append(s if stride == 1 else f"({s})*{stride}")
+            stride *= dim
+        return " + ".join(reversed(terms)) or "0"
+
+    def index_expr(self, e: Expr) -> str:
+        return self.expr(e, None, "")
+
+    def expr(self, e: Expr, lines: list[str] | None, ind: str) -> str:
+        if isinstance(e, Var):
+            return e.name
+        if isinstance(e, Const):
+            return _literal(e.value, e.dtype)
+        if isinstance(e, Load):
+            buf = self.buffers[e.buf]
+            raw = f"{_ident(buf.name)}[{self.flat(buf, [self._sub(i, lines, ind) for i in e.index])}]"
+            return self._load_value(buf, raw)
+        if isinstance(e, Unary):
+            return self._unary(e, self.expr(e.x, lines, ind))
+        if isinstance(e, Binary):
+            return self._binary(e, self.expr(e.a, lines, ind), self.expr(e.b, lines, ind))
+        if isinstance(e, Select):
+            c, a, b = (self.expr(x, lines, ind) for x in (e.cond, e.a, e.b))
+            return f"({c} ? {a} : {b})"
+        if isinstance(e, Cast):
+            return self._cast(e, self.expr(e.x, lines, ind))
+        if isinstance(e, Reduce):
+            if lines is None:
+                raise NotImplementedError("reduction inside an index expression")
+            return self._reduce(e, lines, ind)
+        raise NotImplementedError(f"C renderer: no rendering for {type(e).__name__}")
+
+    def _sub(self, e: Expr, lines, ind) -> Expr:
+        """Index sub-expressions are rendered later by ``flat``; pre-render those holding
+        reductions or loads into locals so ``flat`` sees plain text."""
+        if any(isinstance(x, (Reduce, Load)) for x in walk(e)):
+            name = self._fresh("ix")
+            lines.append(f"{ind}int64_t {name} = (int64_t)({self.expr(e, lines, ind)});")
+            return Var(name)
+        return e
+
+    def _load_value(self, buf: Buffer, raw: str) -> str:
+        if buf.dtype is DType.bfloat16:
+            return f"dp_bf16_to_f32({raw})"
+        if buf.dtype is DType.float16:
+            return f"((float){raw})"
+        return raw
+
+    @staticmethod
+    def _to_storage(dtype: DType, value: str) -> str:
+        if dtype is DType.bfloat16:
+            return f"dp_f32_to_bf16({value})"
+        if dtype is DType.float16:
+            return f"(_Float16)({value})"
+        if dtype is DType.bool:
+            return f"(bool)({value})"
+        return value
+
+    def _unary(self, e: Unary, x: str) -> str:
+        src = e.x.dtype
+        table = INT_UNARY if (src.is_int or src is DType.bool) and e.op in INT_UNARY else UNARY
+        if src.is_int and e.op in (U.FLOOR, U.CEIL, U.ROUND):
+            return x
+        if e.op not in table:
+            raise NotImplementedError(f"C renderer: unary {e.op.name}")
+        return table[e.op].format(x=x, f=_fsuffix(src))
+
+    def _binary(self, e: Binary, a: str, b: str) -> str:
+        src = e.a.dtype
+        if src.is_float:
+            table = {**BINARY, **FLOAT_BINARY}
+        elif src.is_int and not src.is_signed:
+            table = {**BINARY, **INT_BINARY, **UINT_BINARY}
+        else:
+            table = {**BINARY, **INT_BINARY}
+        if e.op not in table:
+            raise NotImplementedError(f"C renderer: binary {e.op.name} on {src.name}")
+        if src.is_int and e.op in (B.MAX, B.MIN):
+            return ("(({a}) > ({b}) ? ({a}) : ({b}))" if e.op is B.MAX
+                    else "(({a}) < ({b}) ? ({a}) : ({b}))").format(a=a, b=b)
+        return table[e.op].format(a=a, b=b, f=_fsuffix(src))
+
+    def _cast(self, e: Cast, x: str) -> str:
+        dst, src = e.dtype, e.x.dtype
+        if dst is DType.bool:
+            return f"((bool)({x} != 0))"
+        ctype = compute_type(dst)
+        if src.is_float and dst.is_int:
+            return f"(({ctype})({x}))"
+        if dst is DType.float16:
+            return f"((float)(_Float16)({x}))"  # round through half precision
+        if dst is DType.bfloat16:
+            return f"dp_bf16_to_f32(dp_f32_to_bf16((float)({x})))"
+        return f"(({ctype})({x}))"
+
+    def _reduce(self, e: Reduce, lines: list[str], ind: str) -> str:
+        acc = self._fresh("acc")
+        ctype = compute_type(e.body.dtype)
+        arg = e.op in (R.ARGMAX, R.ARGMIN)
+        if arg:
+            best = acc + "_v"
+            init = "-INFINITY" if e.op is R.ARGMAX else "INFINITY"
+            if not e.body.dtype.is_float:
+                init = INT_LIMITS[e.body.dtype][0 if e.op is R.ARGMAX else 1]
+            lines.append(f"{ind}{ctype} {best} = {init}; int64_t {acc} = 0, {acc}_n = 0;")
+        else:
+            lines.append(f"{ind}{ctype} {acc} = {self._reduce_init(e)};")
+        rvars = [v for v, _ in e.vars]
+        depth = self._open_loops(lines, rvars, [n for _, n in e.vars], 0, ind)
+        inner = ind + "  " * depth
+        val = self.expr(e.body, lines, inner)
+        if arg:
+            cmp = ">" if e.op is R.ARGMAX else "<"
+            lines.append(f"{inner}{{ {ctype} v_ = {val}; if ({acc}_n == 0 || v_ {cmp} {best}) "
+                         f"{{ {best} = v_; {acc} = {acc}_n; }} ++{acc}_n; }}")
+        else:
+            op = {R.SUM: "{a} + {v}", R.PROD: "{a} * {v}", R.MAX: "DP_MAX({a}, {v})",
+                  R.MIN: "DP_MIN({a}, {v})"}[e.op]
+            if not e.body.dtype.is_float and e.op in (R.MAX, R.MIN):
+                op = "({v} > {a} ? {v} : {a})" if e.op is R.MAX else "({v} < {a} ? {v} : {a})"
+            lines.append(f"{inner}{acc} = {op.format(a=acc, v=val)};")
+        for k in reversed(range(depth)):
+            lines.append(ind + "  " * k + "}")
+        return acc
+
+    def _reduce_init(self, e: Reduce) -> str:
+        dt = e.body.dtype
+        if e.op in (R.MAX, R.MIN) and not dt.is_float:
+            return INT_LIMITS[dt][0 if e.op is R.MAX else 1]
+        return REDUCE_INIT[e.op]
+
+    def _fresh(self, prefix: str) -> str:
+        self._tmp += 1
+        return f"{prefix}{self._tmp}"
+
+
+def _ident(name: str) -> str:
+    return "b_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _literal(value, dtype: DType) -> str:
+    if dtype is DType.bool:
+        return "1" if value else "0"
+    if dtype.is_float:
+        v = float(value)
+        if v != v:
+            return "NAN"
+        if v in (float("inf"), float("-inf")):
+            return "INFINITY" if v > 0 else "(-INFINITY)"
+        text = repr(v)
+        return text if dtype is DType.float64 else text + "f"
+    if dtype is DType.uint64:
+        return f"{int(value)}ULL"
+    v = int(value)
+    if v == -(2 ** 63):
+        return "INT64_MIN"
+    return f"{v}LL" if abs(v) > 2 ** 31 - 1 else str(v)

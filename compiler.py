@@ -1,0 +1,215 @@
+"""The compile driver: an ordered list of named stages from model to artifact.
+
+import -> optimize (graph passes) -> lower (one Kernel per node or fused group) -> schedule ->
+render (C source) -> build (shared library) -> package (.dpk). Every intermediate can be dumped
+with ``dump_dir`` (graph text per pass, kernel C source).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .backends.c.render import CRenderer
+from .backends.c.toolchain import build_shared_library
+from .errors import DeployError, UnsupportedOpsError
+from .graph_ir.graph import Graph, Node, Value
+from .graph_ir.ops import Kind
+from .graph_ir.ops import movement
+from .graph_ir.passes import run_pipeline
+from .graph_ir.printer import print_graph
+from .runtime.artifact import array_bytes, write_artifact
+from .targets import Target, load_target
+from .tensor_ir.lower import LOWERINGS, lower_node
+from .tensor_ir.schedule import default_schedule
+
+VIEW_OPS = {movement.Reshape}
+
+
+@dataclass
+class Artifact:
+    """A compiled model in memory; ``save`` writes the ``.dpk`` file."""
+
+    manifest: dict
+    members: dict[str, bytes]
+    graph: Graph | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def save(self, path) -> Path:
+        return write_artifact(path, self.manifest, self.members)
+
+    def load(self, path=None):
+        """Save (to ``path`` or a temporary file) and load with the runtime."""
+        from .runtime import load
+        if path is None:
+            import tempfile
+            path = Path(tempfile.mkdtemp(prefix="deploy-")) / "model.dpk"
+        return load(self.save(path))
+
+
+def import_model(model, shapes=None, constant_inputs=None) -> tuple[Graph, dict]:
+    """Any supported model form -> graph IR."""
+    name = type(model).__name__
+    if name in ("ExportedProgram", "Module") or hasattr(model, "graph_module"):
+        from .frontends.torch import import_torch  # optional dependency
+        return import_torch(model, shapes=shapes)
+    if isinstance(model, (str, os.PathLike)) and str(model).endswith(".pt2"):
+        from .frontends.torch import import_torch
+        return import_torch(model, shapes=shapes)
+    from .frontends.onnx import import_onnx
+    source = str(model) if isinstance(model, (str, os.PathLike)) else "model"
+    return import_onnx(model, shapes=shapes, constant_inputs=constant_inputs, source=source)
+
+
+def compile(model, target: str | Target = "host", shapes: dict | None = None,
+            dump_dir: str | None = None, constant_inputs: dict | None = None,
+            tune: str = "none", **options) -> Artifact:
+    """Compile ``model`` (path, onnx.ModelProto, or ExportedProgram) for ``target``."""
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[stage] = round(now - clock, 4)
+        clock = now
+
+    tgt = load_target(target)
+    if tgt.backend != "c":
+        raise DeployError(f"target {tgt.name}: the {tgt.backend} backend is not implemented yet; "
+                          "CPU targets (backend: c) work today")
+    graph, report = import_model(model, shapes, constant_inputs)
+    lap("import")
+    dump = Path(dump_dir) if dump_dir else None
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / "00-import.txt").write_text(print_graph(graph))
+    graph, pass_stats = run_pipeline(graph, tgt, dump)
+    lap("optimize")
+    plan = _plan(graph)
+    lap("lower")
+    members, kernels = _build(plan, tgt, dump)
+    lap("render+build")
+    manifest = _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model)
+    for vid, arr in plan.constants.items():
+        members[f"weights/{vid}.npy"] = array_bytes(arr)
+    lap("package")
+    manifest["compile_seconds"] = timings
+    return Artifact(manifest, members, graph, timings)
+
+
+@dataclass
+class Plan:
+    ids: dict[Value, int]
+    steps: list[dict]
+    kernels: list  # tensor_ir Kernel objects, in step order
+    constants: dict[int, np.ndarray]
+    host_ops: list[str]
+
+
+def _plan(graph: Graph) -> Plan:
+    missing = [(n.name, n.op.name, None, "no tensor-IR lowering") for n in graph.nodes
+               if n.op.kind is not Kind.HOST and n.op not in VIEW_OPS and n.op not in LOWERINGS]
+    if missing:
+        raise UnsupportedOpsError(missing, "graph")
+    ids: dict[Value, int] = {}
+
+    def vid(v: Value) -> int:
+        return ids.setdefault(v, len(ids))
+
+    for v in graph.inputs:
+        vid(v)
+    steps, kernels, host_ops, used_consts = [], [], [], {}
+    for node in graph.nodes:
+        for v in node.inputs:
+            if v is not None and v in graph.constants:
+                used_consts[vid(v)] = graph.constants[v]
+        ins = [None if v is None else vid(v) for v in node.inputs]
+        outs = [vid(v) for v in node.outputs]
+        if node.op in VIEW_OPS:
+            steps.append({"kind": "view", "inputs": ins[:1], "outputs": outs, "node": node.name})
+        elif node.op.kind is Kind.HOST:
+            steps.append({"kind": "host", "op": node.op.name, "inputs": ins, "outputs": outs,
+                          "attrs": _json_attrs(node), "node": node.name})
+            host_ops.append(node.op.name)
+        else:
+            consts = {k: graph.constants[v] for k, v in enumerate(node.inputs)
+                      if v is not None and v in graph.constants}
+            k = lower_node(node, f"k{len(kernels)}", consts)
+            kernels.append(k)
+            steps.append({"kind": "kernel", "symbol": k.name, "inputs": [i for i in ins if i is not None],
+                          "outputs": outs, "node": node.name, "op": node.op.name})
+    for v in graph.outputs:
+        if v in graph.constants:
+            used_consts[vid(v)] = graph.constants[v]
+        vid(v)
+    return Plan(ids, steps, kernels, used_consts, host_ops)
+
+
+def _json_attrs(node: Node) -> dict:
+    out = {}
+    for k, v in node.attrs.items():
+        if isinstance(v, np.ndarray):
+            v = v.tolist()
+        elif hasattr(v, "name") and hasattr(v, "np"):
+            v = v.name
+        out[k] = v
+    return out
+
+
+def _build(plan: Plan, tgt: Target, dump: Path | None) -> tuple[dict[str, bytes], list[dict]]:
+    if not plan.kernels:
+        return {}, []
+    renderer = CRenderer()
+    sources, info = [], []
+    for k in plan.kernels:
+        sched = default_schedule(k)
+        src = renderer.kernel(k, sched)
+        sources.append(src)
+        info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
+                     "schedule": [s.__dict__ for s in sched]})
+    jobs = os.cpu_count() or 1
+    chunks = [renderer.module(sources[i::jobs]) for i in range(min(jobs, len(sources)))]
+    if dump:
+        (dump / "kernels.c").write_text(renderer.module(sources))
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="deploy-build-") as tmp:
+        lib = build_shared_library(chunks, Path(tmp) / "model.so", tuple(tgt.cc_flags), jobs)
+        return {"lib/model.so": lib.read_bytes()}, info
+
+
+def _spec(v: Value, name: str | None = None) -> dict:
+    return {"name": name or v.name, "dtype": v.dtype.np.name, "shape": list(v.shape)}
+
+
+def _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model) -> dict:
+    ids = plan.ids
+    return {
+        "deploy_version": __version__,
+        "target": tgt.to_dict(),
+        "inputs": [_spec(v) for v in graph.inputs],
+        "outputs": [_spec(v, n) for v, n in zip(graph.outputs, graph.output_names)],
+        "input_ids": [ids[v] for v in graph.inputs],
+        "output_ids": [ids[v] for v in graph.outputs],
+        "values": {str(i): {"dtype": v.dtype.np.name, "shape": list(v.shape)} for v, i in ids.items()},
+        "constants": {str(i): f"weights/{i}.npy" for i in plan.constants},
+        "steps": plan.steps,
+        "library": "lib/model.so" if plan.kernels else None,
+        "kernels": kernels,
+        "kernel_count": len(kernels),
+        "host_ops": sorted(set(plan.host_ops)),
+        "passes": pass_stats,
+        "provenance": {"source": str(model) if isinstance(model, (str, os.PathLike)) else
+                       type(model).__name__, "opset": report.get("opset"),
+                       "bound_dims": report.get("bound_dims", {}),
+                       "op_histogram": graph.op_histogram()},
+    }
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=1)

@@ -1,0 +1,21 @@
+"""Environment knobs, all in one place (documented in docs/debugging.md).
+
+DEPLOY_DEBUG=0..4   0 quiet; 1 run the verifier after every pass; 2 also show tracebacks for
+                    user errors; 3 keep build directories; 4 print generated C per kernel.
+DEPLOY_DUMP_DIR     default for --dump-dir.
+DEPLOY_CACHE_DIR    where compiled libraries are cached (default ~/.cache/deploy).
+"""
+from __future__ import annotations
+
+import os
+
+
+def debug_level() -> int:
+    try:
+        return int(os.environ.get("DEPLOY_DEBUG", "0"))
+    except ValueError:
+        return 0
+
+
+def dump_dir() -> str | None:
+    return os.environ.get("DEPLOY_DUMP_DIR") or None

@@ -1,0 +1,15 @@
+"""ONNX frontend: importer and the per-family conversion tables."""
+from . import (  # noqa: F401  (imports register the converters)
+    convert_control,
+    convert_elementwise,
+    convert_misc,
+    convert_movement,
+    convert_nn,
+    convert_quant,
+    convert_reduction,
+)
+from .importer import import_onnx, list_ops, load_model, unsupported_nodes
+from .registry import CONVERTERS, NeedsConstant, OnnxCtx, converter
+
+__all__ = ["CONVERTERS", "NeedsConstant", "OnnxCtx", "converter", "import_onnx", "list_ops",
+           "load_model", "unsupported_nodes"]

@@ -1,0 +1,1 @@
+"""ONNX converters: everything else (control flow, quantization, host ops)."""

@@ -1,0 +1,158 @@
+"""Import an ONNX model into the graph IR.
+
+Steps: load (with external data), check that every node has a converter (listing all missing ones
+at once), bind symbolic input dims, then convert node by node through the conversion table.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ...errors import ModelError, UnsupportedOpsError
+from ...graph_ir.builder import Builder
+from ...graph_ir.graph import Graph, Value
+from ...graph_ir.types import DType, TensorType
+from .registry import CONVERTERS, NeedsConstant, OnnxCtx
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def load_model(model) -> tuple[onnx.ModelProto, str | None]:
+    """Load a path or ModelProto; weights in side files are resolved next to the model."""
+    if isinstance(model, onnx.ModelProto):
+        return model, None
+    path = os.fspath(model)
+    if not os.path.exists(path):
+        raise ModelError(f"{path}: no such file")
+    try:
+        proto = onnx.load(path, load_external_data=True)
+    except Exception as e:  # onnx raises many types for corrupt files
+        raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    return proto, os.path.dirname(os.path.abspath(path))
+
+
+def opset_of(proto: onnx.ModelProto) -> int:
+    for imp in proto.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            return imp.version
+    return 1
+
+
+def unsupported_nodes(proto: onnx.ModelProto) -> list[tuple[str, str, int | None, str]]:
+    """Every node (subgraphs included) whose op has no converter: (name, op, opset, reason)."""
+    opsets = {imp.domain: imp.version for imp in proto.opset_import}
+    missing = []
+    for i, node in enumerate(_all_nodes(proto.graph)):
+        domain = node.domain or ""
+        version = opsets.get(domain, opsets.get("ai.onnx"))
+        if domain not in DEFAULT_DOMAINS:
+            missing.append((node.name or f"#{i}", f"{domain}::{node.op_type}", version,
+                            "custom domain"))
+        elif node.op_type not in CONVERTERS:
+            missing.append((node.name or f"#{i}", node.op_type, version, ""))
+    return missing
+
+
+def list_ops(proto: onnx.ModelProto) -> list[tuple[str, str, int | None, bool]]:
+    """(node name, op type, opset, supported) for every node, in model order."""
+    bad = {(n, op) for n, op, _, _ in unsupported_nodes(proto)}
+    opset = opset_of(proto)
+    return [(node.name or f"#{i}", node.op_type, opset, (node.name or f"#{i}", node.op_type) not in bad)
+            for i, node in enumerate(_all_nodes(proto.graph))]
+
+
+def _all_nodes(g: onnx.GraphProto):
+    for node in g.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    yield from _all_nodes(sub)
+
+
+def import_onnx(model, shapes: dict[str, tuple] | None = None,
+                constant_inputs: dict[str, np.ndarray] | None = None,
+                source: str = "model") -> tuple[Graph, dict]:
+    """Convert to a graph IR. ``shapes`` binds input dims; symbolic dims left unbound become 1.
+    ``constant_inputs`` turns graph inputs into constants (used for shape specialization).
+    Returns the graph and a report (bound dims, opset)."""
+    proto, model_dir = load_model(model)
+    missing = unsupported_nodes(proto)
+    if missing:
+        raise UnsupportedOpsError(missing, source)
+    cx = OnnxCtx(Builder(proto.graph.name or "model"), opset_of(proto), model_dir=model_dir)
+    bound: dict[str, int] = {}
+    env = _bind_inputs(cx, proto.graph, shapes or {}, constant_inputs or {}, bound)
+    outputs = convert_graph(cx, proto.graph, env)
+    names = [o.name for o in proto.graph.output]
+    return cx.b.finish(outputs, names), {"opset": cx.opset, "bound_dims": bound}
+
+
+def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> list[Value]:
+    for init in g.initializer:
+        if init.name not in env:
+            env[init.name] = cx.b.const(_to_array(init), init.name)
+    for node in g.node:
+        ins = [env[name] if name else None for name in node.input]
+        cx.node = node
+        try:
+            outs = CONVERTERS[node.op_type](cx, node, ins)
+        except NeedsConstant:
+            raise
+        except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
+            raise ModelError(f"node '{node.name}' ({node.op_type}, opset {cx.opset}): {e}") from e
+        for name, v in zip(node.output, outs):
+            if name:
+                env[name] = v
+    return [env[o.name] for o in g.output]
+
+
+def _to_array(t: onnx.TensorProto) -> np.ndarray:
+    arr = numpy_helper.to_array(t)
+    if t.data_type == onnx.TensorProto.BFLOAT16:
+        raise ModelError(f"initializer {t.name}: bfloat16 constants are not supported yet")
+    return arr
+
+
+def _bind_inputs(cx: OnnxCtx, g: onnx.GraphProto, shapes, const_inputs, bound) -> dict[str, Value]:
+    env: dict[str, Value] = {}
+    inits = {t.name for t in g.initializer}
+    for vi in g.input:
+        if vi.name in inits:
+            continue  # old-IR models list initializers among inputs
+        if vi.name in const_inputs:
+            env[vi.name] = cx.b.const(const_inputs[vi.name], vi.name)
+            continue
+        env[vi.name] = cx.b.input(vi.name, _input_type(vi, shapes.get(vi.name), bound))
+    return env
+
+
+def _input_type(vi: onnx.ValueInfoProto, override, bound: dict) -> TensorType:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise ModelError(f"input '{vi.name}': only tensor inputs are supported")
+    try:
+        dtype = DType.from_onnx(tt.elem_type)
+    except TypeError as e:
+        raise ModelError(f"input '{vi.name}': {e}") from None
+    dims = []
+    for k, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            sym = d.dim_param or f"{vi.name}_dim{k}"
+            dims.append(bound.setdefault(sym, 1))
+    if override is not None:
+        if len(override) != len(dims):
+            raise ModelError(f"--shape {vi.name}: rank {len(override)} given, model input has "
+                             f"rank {len(dims)} ({list(dims)})")
+        for k, (d, o) in enumerate(zip(tt.shape.dim, override)):
+            if d.HasField("dim_param") and d.dim_param:
+                bound[d.dim_param] = int(o)
+        dims = [int(x) for x in override]
+    return TensorType(tuple(dims), dtype)

@@ -1,0 +1,79 @@
+"""The ONNX conversion table: ONNX op type -> converter emitting core graph-IR ops.
+
+A converter is ``fn(cx, node, ins) -> list[Value]`` where ``cx`` is the ``OnnxCtx`` (builder,
+opset, attribute access), ``node`` the ``onnx.NodeProto`` and ``ins`` its input values (None for
+omitted optional inputs). Many ONNX ops decompose into a few core primitives here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ...graph_ir.builder import Builder
+from ...graph_ir.graph import Value
+
+
+class NeedsConstant(Exception):
+    """A converter needs the value of a runtime input (e.g. Reshape's shape)."""
+
+    def __init__(self, value: Value, what: str):
+        self.value = value
+        super().__init__(f"{what} must be a constant (or computable at compile time), "
+                         f"but %{value.name} is only known at run time")
+
+
+@dataclass
+class OnnxCtx:
+    b: Builder
+    opset: int  # version of the default ONNX domain
+    node: onnx.NodeProto | None = None
+    model_dir: str | None = None
+
+    def attrs(self, node: onnx.NodeProto) -> dict:
+        return {a.name: _attr_value(a) for a in node.attribute}
+
+    def attr(self, node: onnx.NodeProto, key: str, default=None):
+        for a in node.attribute:
+            if a.name == key:
+                return _attr_value(a)
+        return default
+
+    def const_of(self, v: Value | None, what: str) -> np.ndarray | None:
+        """The compile-time value of ``v`` (None if ``v`` is None); NeedsConstant otherwise."""
+        if v is None:
+            return None
+        arr = self.b.value_of(v)
+        if arr is None:
+            raise NeedsConstant(v, what)
+        return arr
+
+
+def _attr_value(a: onnx.AttributeProto):
+    if a.type == onnx.AttributeProto.TENSOR:
+        return numpy_helper.to_array(a.t)
+    if a.type == onnx.AttributeProto.GRAPH:
+        return a.g
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list):
+        return tuple(x.decode() if isinstance(x, bytes) else x for x in v)
+    return v
+
+
+Converter = Callable[[OnnxCtx, onnx.NodeProto, list], list]
+CONVERTERS: dict[str, Converter] = {}
+
+
+def converter(*op_types: str) -> Callable[[Converter], Converter]:
+    def deco(fn: Converter) -> Converter:
+        for t in op_types:
+            if t in CONVERTERS:
+                raise ValueError(f"ONNX converter for {t} registered twice")
+            CONVERTERS[t] = fn
+        return fn
+    return deco

@@ -1,0 +1,87 @@
+"""Builder: the one way frontends and passes create nodes.
+
+``emit`` normalizes attributes, infers output types from the op table, and folds the node into a
+constant when every input is constant (through the op's numpy reference: the same code the
+interpreter runs). Shape computations of static-shaped models (Shape -> Gather -> Concat ->
+Reshape) therefore become constants as they are built.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .graph import Graph, Node, Value
+from .ops import OpDef, get
+from .types import DType, TensorType
+
+FOLD_LIMIT = 1 << 22  # never materialize folded constants larger than this many elements
+
+
+class Builder:
+    def __init__(self, name: str = "graph", fold: bool = True):
+        self.name = name
+        self.fold = fold
+        self.inputs: list[Value] = []
+        self.nodes: list[Node] = []
+        self.constants: dict[Value, np.ndarray] = {}
+        self._names: set[str] = set()
+
+    # ---- values ---------------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        base = hint or "v"
+        name, k = base, 0
+        while name in self._names:
+            k += 1
+            name = f"{base}_{k}"
+        self._names.add(name)
+        return name
+
+    def input(self, name: str, type_: TensorType) -> Value:
+        v = Value(self.fresh(name), type_)
+        self.inputs.append(v)
+        return v
+
+    def const(self, array, name: str = "const", dtype: DType | None = None) -> Value:
+        arr = np.asarray(array, dtype=None if dtype is None else dtype.np)
+        if dtype is None:
+            dtype = DType.from_np(arr.dtype)
+        arr = np.ascontiguousarray(arr)
+        arr.setflags(write=False)
+        v = Value(self.fresh(name), TensorType(tuple(int(d) for d in arr.shape), dtype))
+        self.constants[v] = arr
+        return v
+
+    def value_of(self, v: Value | None) -> np.ndarray | None:
+        """The constant value of ``v``, or None when it is only known at run time."""
+        return None if v is None else self.constants.get(v)
+
+    # ---- nodes ----------------------------------------------------------------------------
+    def emit(self, op: OpDef | str, inputs, name: str = "", out_names=None, **attrs) -> list[Value]:
+        op = get(op) if isinstance(op, str) else op
+        inputs = tuple(inputs)
+        attrs = op.normalize_attrs(attrs)
+        types = op.infer([None if v is None else v.type for v in inputs], attrs)
+        node_name = self.fresh(name or op.name.lower()) if name else self.fresh(op.name.lower())
+        out_names = out_names or [f"{node_name}_out{k}" if len(types) > 1 else node_name
+                                  for k in range(len(types))]
+        if self.fold and self._foldable(op, inputs, types):
+            arrays = op.reference([self.value_of(v) for v in inputs], attrs)
+            return [self.const(a, n, t.dtype) for a, n, t in zip(arrays, out_names, types)]
+        outs = tuple(Value(self.fresh(n), t) for n, t in zip(out_names, types))
+        self.nodes.append(Node(op, inputs, outs, attrs, node_name))
+        return list(outs)
+
+    def op(self, op: OpDef | str, *inputs, name: str = "", **attrs) -> Value:
+        """Emit a single-output op and return its value."""
+        outs = self.emit(op, inputs, name=name, **attrs)
+        if len(outs) != 1:
+            raise ValueError(f"{op} has {len(outs)} outputs; use emit()")
+        return outs[0]
+
+    def _foldable(self, op: OpDef, inputs, types) -> bool:
+        if not all(v is None or v in self.constants for v in inputs):
+            return False
+        return all(t.is_static and t.numel <= FOLD_LIMIT for t in types)
+
+    def finish(self, outputs: list[Value], names: list[str] | None = None) -> Graph:
+        return Graph(list(self.inputs), list(outputs), list(self.nodes), dict(self.constants),
+                     self.name, list(names or []))

@@ -1,0 +1,12 @@
+"""The op table. Importing this package registers every op family."""
+from . import (  # noqa: F401  (imports register the ops)
+    contraction,
+    elementwise,
+    host,
+    movement,
+    nn,
+    reduction,
+)
+from .registry import OPS, REQUIRED, Kind, OpDef, define, get, register
+
+__all__ = ["OPS", "REQUIRED", "Kind", "OpDef", "define", "get", "register"]

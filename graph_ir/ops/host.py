@@ -1,0 +1,18 @@
+"""Op table: host ops. Their output shapes depend on data (NonZero, Unique ...), so no kernel can
+be generated; the runtime runs them in numpy. The reference *is* the runtime's function, so the
+semantics are written once (in ``runtime/host_ops.py``)."""
+from __future__ import annotations
+
+from ...runtime.host_ops import HOST_OPS
+from ..types import DType
+from .registry import Kind, define
+
+
+def host(name: str, shape_rule, dtype_rule, **attrs):
+    fn = HOST_OPS[name]
+    return define(name, Kind.HOST, shape_rule, dtype_rule, fn, **attrs)
+
+
+# The output length is unknown until run time: a named symbolic dim.
+NonZero = host("NonZero", lambda ins, a: [(len(ins[0].shape), "nonzero_count")],
+               lambda ins, a: [DType.int64])

@@ -1,0 +1,18 @@
+"""Dead-code elimination: drop nodes and constants no output depends on.
+
+Before: ``%a = Exp(%x); %b = Neg(%x); return %b``  After: ``%b = Neg(%x); return %b``.
+"""
+from __future__ import annotations
+
+from ..graph import Graph
+
+
+def dce(g: Graph, target=None) -> Graph:
+    live = set(g.outputs)
+    kept = []
+    for n in reversed(g.nodes):
+        if any(v in live for v in n.outputs):
+            kept.append(n)
+            live.update(v for v in n.inputs if v is not None)
+    consts = {v: a for v, a in g.constants.items() if v in live}
+    return Graph(g.inputs, g.outputs, list(reversed(kept)), consts, g.name, g.output_names)

@@ -1,0 +1,33 @@
+"""The optimization pipeline: an explicit, named list of passes.
+
+Each pass is ``fn(graph, target) -> graph``. With DEPLOY_DEBUG >= 1 the verifier runs after every
+pass; with a dump directory the graph is written after every pass (``NN-name.txt``).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ... import config
+from ..graph import Graph
+from ..printer import print_graph
+from ..verify import verify
+from .dce import dce
+
+PIPELINE = [
+    ("dce", dce),  # drop what no output needs
+]
+
+
+def run_pipeline(g: Graph, target, dump: Path | None = None) -> tuple[Graph, list[dict]]:
+    stats = []
+    for k, (name, fn) in enumerate(PIPELINE, start=1):
+        before, t0 = len(g.nodes), time.perf_counter()
+        g = fn(g, target)
+        stats.append({"pass": name, "nodes_before": before, "nodes_after": len(g.nodes),
+                      "seconds": round(time.perf_counter() - t0, 4)})
+        if config.debug_level() >= 1:
+            verify(g)
+        if dump:
+            (dump / f"{k:02d}-{name}.txt").write_text(print_graph(g))
+    return g, stats

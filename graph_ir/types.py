@@ -1,0 +1,103 @@
+"""Element types and tensor types of the graph IR.
+
+A shape is a tuple whose entries are ints (static) or strings (named symbolic dims such as
+``"batch"``). DType members carry their numpy dtype, their C type and their ONNX enum so that every
+layer maps types through one table.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+Dim = int | str
+Shape = tuple[Dim, ...]
+
+
+class DType(enum.Enum):
+    # name = (numpy dtype name, C type, ONNX TensorProto enum)
+    float32 = ("float32", "float", 1)
+    uint8 = ("uint8", "uint8_t", 2)
+    int8 = ("int8", "int8_t", 3)
+    uint16 = ("uint16", "uint16_t", 4)
+    int16 = ("int16", "int16_t", 5)
+    int32 = ("int32", "int32_t", 6)
+    int64 = ("int64", "int64_t", 7)
+    string = ("object", None, 8)
+    bool = ("bool", "bool", 9)
+    float16 = ("float16", "_Float16", 10)
+    float64 = ("float64", "double", 11)
+    uint32 = ("uint32", "uint32_t", 12)
+    uint64 = ("uint64", "uint64_t", 13)
+    bfloat16 = ("uint16", "uint16_t", 16)  # stored as raw bits; computed in float32
+
+    @property
+    def np(self) -> np.dtype:
+        return np.dtype(self.value[0])
+
+    @property
+    def c_type(self) -> str | None:
+        return self.value[1]
+
+    @property
+    def onnx(self) -> int:
+        return self.value[2]
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.float16, DType.float32, DType.float64, DType.bfloat16)
+
+    @property
+    def is_int(self) -> bool:
+        return self.name.startswith(("int", "uint"))
+
+    @property
+    def is_signed(self) -> bool:
+        return self.name.startswith("int") or self.is_float
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self is DType.bfloat16 else self.np.itemsize
+
+    @staticmethod
+    def from_np(dt) -> DType:
+        dt = np.dtype(dt)
+        try:
+            return _FROM_NP[dt]
+        except KeyError:
+            raise TypeError(f"numpy dtype {dt} has no deploy DType") from None
+
+    @staticmethod
+    def from_onnx(code: int) -> DType:
+        try:
+            return _FROM_ONNX[code]
+        except KeyError:
+            raise TypeError(f"ONNX element type {code} is not supported") from None
+
+
+_FROM_NP = {d.np: d for d in DType if d is not DType.bfloat16}
+_FROM_ONNX = {d.onnx: d for d in DType}
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: Shape
+    dtype: DType
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def numel(self) -> int:
+        if not self.is_static:
+            raise ValueError(f"numel of a symbolic shape {self.shape}")
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __str__(self) -> str:
+        return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"

@@ -1,0 +1,72 @@
+"""The ``.dpk`` artifact: one zip file holding ``manifest.json``, binaries and weights (``.npy``,
+never pickle). The manifest records the format version, target, input/output specs, launch plan
+and the SHA-256 of every member; ``read_artifact`` checks them all."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ArtifactError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def array_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+    return buf.getvalue()
+
+
+def write_artifact(path, manifest: dict, members: dict[str, bytes]) -> Path:
+    path = Path(path)
+    manifest = dict(manifest, format_version=FORMAT_VERSION,
+                    members={name: sha256(data) for name, data in sorted(members.items())})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        for name, data in sorted(members.items()):
+            z.writestr(name, data)
+    return path
+
+
+@dataclass
+class ArtifactContents:
+    manifest: dict
+    members: dict[str, bytes]
+
+    def array(self, name: str) -> np.ndarray:
+        return np.load(io.BytesIO(self.members[name]), allow_pickle=False)
+
+
+def read_artifact(path) -> ArtifactContents:
+    path = Path(path)
+    if not path.exists():
+        raise ArtifactError(f"{path}: no such artifact")
+    try:
+        with zipfile.ZipFile(path) as z:
+            manifest = json.loads(z.read(MANIFEST))
+            members = {n: z.read(n) for n in z.namelist() if n != MANIFEST}
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"{path}: not a deploy artifact ({e})") from None
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: artifact format version {version}; this runtime reads "
+                            f"version {FORMAT_VERSION}. Recompile the model with this deploy.")
+    expected = manifest.get("members", {})
+    for name, digest in expected.items():
+        if name not in members:
+            raise ArtifactError(f"{path}: member {name} is missing")
+        if sha256(members[name]) != digest:
+            raise ArtifactError(f"{path}: member {name} is corrupt (hash mismatch)")
+    return ArtifactContents(manifest, members)

@@ -1,0 +1,118 @@
+"""A loaded artifact: validates inputs, runs the launch plan, returns outputs.
+
+CPU kernels are C functions ``void k(void* const* args)`` called through ctypes. Each ``run``
+allocates its own intermediate buffers, so concurrent runs on one module are safe.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ArtifactError, InputError
+from .artifact import read_artifact
+from .host_ops import HOST_OPS
+from .specs import TensorSpec, validate_inputs
+
+_LIB_DIR = None
+_LIB_LOCK = threading.Lock()
+
+
+def _lib_dir() -> Path:
+    global _LIB_DIR
+    with _LIB_LOCK:
+        if _LIB_DIR is None:
+            _LIB_DIR = Path(tempfile.mkdtemp(prefix="deploy-rt-"))
+    return _LIB_DIR
+
+
+class Module:
+    """``deploy.load(path)`` returns one of these."""
+
+    def __init__(self, path):
+        contents = read_artifact(path)
+        self.path = str(path)
+        self.manifest = m = contents.manifest
+        self.input_specs = [TensorSpec.from_json(d) for d in m["inputs"]]
+        self.output_specs = [TensorSpec.from_json(d) for d in m["outputs"]]
+        self.values = {int(k): (np.dtype(v["dtype"]), tuple(v["shape"]))
+                       for k, v in m["values"].items()}
+        self.constants = {int(k): contents.array(name) for k, name in m["constants"].items()}
+        self.steps = m["steps"]
+        self._lib = self._load_library(contents) if m.get("library") else None
+        # outputs written by kernels/host ops into fresh buffers can be returned without a copy
+        self._owned_outputs = {v for s in self.steps if s["kind"] != "view" for v in s["outputs"]}
+        self._fns = {s["symbol"]: self._symbol(s["symbol"]) for s in self.steps
+                     if s["kind"] == "kernel"}
+
+    def _load_library(self, contents) -> ctypes.CDLL:
+        name = self.manifest["library"]
+        digest = self.manifest["members"][name][:16]
+        path = _lib_dir() / f"{digest}.so"
+        if not path.exists():
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(contents.members[name])
+            tmp.replace(path)
+        try:
+            return ctypes.CDLL(str(path))
+        except OSError as e:
+            raise ArtifactError(f"{self.path}: cannot load its library ({e}); was it compiled "
+                                f"for another machine? target: {self.manifest['target']['name']}")
+
+    def _symbol(self, name: str):
+        fn = getattr(self._lib, name)
+        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        fn.restype = None
+        return fn
+
+    # ---- running ------------------------------------------------------------------------
+    def run(self, inputs) -> list[np.ndarray]:
+        """Run on ``inputs`` (dict name -> array, or list in input order); outputs in order."""
+        arrays = validate_inputs(self.input_specs, inputs)
+        env: dict[int, np.ndarray] = dict(self.constants)
+        for vid, arr in zip(self.manifest["input_ids"], arrays):
+            env[vid] = arr
+        for step in self.steps:
+            self._step(step, env)
+        owned = self._owned_outputs
+        return [env[vid] if vid in owned else env[vid].copy() for vid in self.manifest["output_ids"]]
+
+    def _alloc(self, vid: int) -> np.ndarray:
+        dtype, shape = self.values[vid]
+        return np.empty(shape, dtype)
+
+    def _step(self, step: dict, env: dict) -> None:
+        kind = step["kind"]
+        if kind == "kernel":
+            for vid in step["outputs"]:
+                env[vid] = self._alloc(vid)
+            args = [env[v] for v in step["inputs"]] + [env[v] for v in step["outputs"]]
+            ptrs = (ctypes.c_void_p * len(args))(*[a.ctypes.data for a in args])
+            self._fns[step["symbol"]](ptrs)
+        elif kind == "view":
+            dtype, shape = self.values[step["outputs"][0]]
+            env[step["outputs"][0]] = env[step["inputs"][0]].reshape(shape)
+        elif kind == "host":
+            ins = [None if v is None else env[v] for v in step["inputs"]]
+            outs = HOST_OPS[step["op"]](ins, step.get("attrs", {}))
+            for vid, arr in zip(step["outputs"], outs):
+                env[vid] = np.ascontiguousarray(arr, dtype=self.values[vid][0])
+        else:
+            raise ArtifactError(f"{self.path}: unknown plan step kind {kind!r}")
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(str, self.input_specs))
+        outs = ", ".join(map(str, self.output_specs))
+        return f"<deploy.Module {self.path} target={self.manifest['target']['name']} ({ins}) -> ({outs})>"
+
+
+def load(path) -> Module:
+    """Load an artifact written by ``deploy compile`` (needs no compiler)."""
+    return Module(path)
+
+
+__all__ = ["InputError", "Module", "load"]

@@ -1,0 +1,48 @@
+"""Input/output specs and input validation with expected-vs-got messages."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple  # ints, or strings for symbolic dims
+
+    @staticmethod
+    def from_json(d: dict) -> TensorSpec:
+        return TensorSpec(d["name"], d["dtype"], tuple(d["shape"]))
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
+    """Match ``given`` (dict by name, or list in order) to ``specs``; return contiguous arrays."""
+    if isinstance(given, dict):
+        unknown = [k for k in given if k not in {s.name for s in specs}]
+        missing = [s.name for s in specs if s.name not in given]
+        if unknown or missing:
+            raise InputError(
+                f"input names do not match: expected {[s.name for s in specs]}, got "
+                f"{list(given)}" + (f" (unknown: {unknown})" if unknown else "")
+                + (f" (missing: {missing})" if missing else ""))
+        given = [given[s.name] for s in specs]
+    given = list(given)
+    if len(given) != len(specs):
+        raise InputError(f"expected {len(specs)} input(s) {[s.name for s in specs]}, got {len(given)}")
+    out = []
+    for spec, arr in zip(specs, given):
+        arr = np.asarray(arr)
+        if arr.dtype != np.dtype(spec.dtype) and not (spec.dtype == "bool" and arr.dtype == bool):
+            raise InputError(f"input '{spec.name}': expected dtype {spec.dtype}, got {arr.dtype}")
+        if tuple(arr.shape) != tuple(spec.shape):
+            raise InputError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
+                             f"got {list(arr.shape)}")
+        out.append(np.ascontiguousarray(arr))
+    return out

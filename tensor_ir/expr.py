@@ -1,0 +1,283 @@
+"""Scalar expressions of the tensor IR.
+
+A kernel stage computes ``out[v0, v1, ...] = body`` over its iteration domain, where ``body`` is a
+tree of these nodes. ``Load`` indexes a buffer with integer expressions (affine for broadcast,
+transpose, slice and reshape; data-dependent for gather). ``Reduce`` sums (or maxes...) its body over
+extra reduction variables. All nodes are immutable and hashable, so a kernel has a structural hash.
+Python operators build expressions: ``a + b``, ``a * 2``, ``a < b`` ... (see ``_binop``).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..graph_ir.types import DType
+
+INDEX = DType.int64
+
+
+class U(enum.Enum):
+    """Unary scalar ops."""
+    NEG = "neg"
+    ABS = "abs"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    SIN = "sin"
+    COS = "cos"
+    TAN = "tan"
+    ASIN = "asin"
+    ACOS = "acos"
+    ATAN = "atan"
+    SINH = "sinh"
+    COSH = "cosh"
+    TANH = "tanh"
+    ASINH = "asinh"
+    ACOSH = "acosh"
+    ATANH = "atanh"
+    ERF = "erf"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    ROUND = "round"  # round half to even
+    SIGN = "sign"
+    RECIP = "recip"
+    NOT = "not"  # logical not (bool)
+    BITNOT = "bitnot"
+    ISNAN = "isnan"
+    ISINF = "isinf"
+    ISPOSINF = "isposinf"
+    ISNEGINF = "isneginf"
+
+
+class B(enum.Enum):
+    """Binary scalar ops."""
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"  # true division for floats, truncating for ints (C semantics)
+    FLOORDIV = "floordiv"  # index arithmetic on non-negative ints
+    MOD = "mod"  # C remainder (sign of dividend); index arithmetic
+    PYMOD = "pymod"  # sign of divisor (numpy / ONNX Mod fmod=0)
+    FMOD = "fmod"  # C fmod
+    POW = "pow"
+    MAX = "max"
+    MIN = "min"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    EQ = "eq"
+    NE = "ne"
+    AND = "and"
+    OR = "or"
+    XOR = "xor"
+    BITAND = "bitand"
+    BITOR = "bitor"
+    BITXOR = "bitxor"
+    SHL = "shl"
+    SHR = "shr"
+    ATAN2 = "atan2"
+
+
+COMPARISONS = {B.LT, B.LE, B.GT, B.GE, B.EQ, B.NE, B.AND, B.OR, B.XOR}
+PREDICATES = {U.NOT, U.ISNAN, U.ISINF, U.ISPOSINF, U.ISNEGINF}
+
+
+class R(enum.Enum):
+    """Reduction ops; ``ARGMAX``/``ARGMIN`` yield the flat index (over the reduce vars) of the
+    first extreme element."""
+    SUM = "sum"
+    PROD = "prod"
+    MAX = "max"
+    MIN = "min"
+    ARGMAX = "argmax"
+    ARGMIN = "argmin"
+
+
+class Expr:
+    dtype: DType
+
+    def _bin(self, op: B, other, swap=False) -> Expr:
+        other = as_expr(other, self.dtype)
+        a, b = (other, self) if swap else (self, other)
+        return binary(op, a, b)
+
+    def __add__(self, o): return self._bin(B.ADD, o)
+    def __radd__(self, o): return self._bin(B.ADD, o, True)
+    def __sub__(self, o): return self._bin(B.SUB, o)
+    def __rsub__(self, o): return self._bin(B.SUB, o, True)
+    def __mul__(self, o): return self._bin(B.MUL, o)
+    def __rmul__(self, o): return self._bin(B.MUL, o, True)
+    def __truediv__(self, o): return self._bin(B.DIV, o)
+    def __floordiv__(self, o): return self._bin(B.FLOORDIV, o)
+    def __mod__(self, o): return self._bin(B.MOD, o)
+    def __lt__(self, o): return self._bin(B.LT, o)
+    def __le__(self, o): return self._bin(B.LE, o)
+    def __gt__(self, o): return self._bin(B.GT, o)
+    def __ge__(self, o): return self._bin(B.GE, o)
+    def __and__(self, o): return self._bin(B.AND, o)
+    def __or__(self, o): return self._bin(B.OR, o)
+    def __neg__(self): return Unary(U.NEG, self, self.dtype)
+
+
+@dataclass(frozen=True)
+class Var(Expr):
+    """A loop variable (always int64)."""
+    name: str
+    dtype: DType = INDEX
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: int | float | bool
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    buf: str
+    index: tuple[Expr, ...]
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Unary(Expr):
+    op: U
+    x: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Binary(Expr):
+    op: B
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    x: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Reduce(Expr):
+    op: R
+    vars: tuple[tuple[Var, int], ...]  # (variable, extent)
+    body: Expr
+    dtype: DType
+
+
+# ---- constructors --------------------------------------------------------------------------
+
+def as_expr(x, dtype: DType = INDEX) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, bool):
+        return Const(bool(x), DType.bool)
+    return Const(x, dtype)
+
+
+def const(value, dtype: DType) -> Const:
+    if dtype is DType.bool:
+        return Const(bool(value), dtype)
+    return Const(float(value) if dtype.is_float else int(value), dtype)
+
+
+def binary(op: B, a, b) -> Expr:
+    a, b = as_expr(a), as_expr(b)
+    if isinstance(a, Const) and isinstance(b, Const) and a.dtype is INDEX and b.dtype is INDEX:
+        folded = _fold_index(op, a.value, b.value)
+        if folded is not None:
+            return Const(folded, INDEX)
+    simplified = _simplify_index(op, a, b)
+    if simplified is not None:
+        return simplified
+    dtype = DType.bool if op in COMPARISONS else a.dtype
+    return Binary(op, a, b, dtype)
+
+
+def unary(op: U, x: Expr) -> Expr:
+    return Unary(op, x, DType.bool if op in PREDICATES else x.dtype)
+
+
+def select(cond: Expr, a: Expr, b: Expr) -> Expr:
+    if isinstance(cond, Const):
+        return a if cond.value else b
+    return Select(cond, a, b, a.dtype)
+
+
+def cast(x: Expr, dtype: DType) -> Expr:
+    return x if x.dtype is dtype else Cast(x, dtype)
+
+
+def maximum(a, b) -> Expr:
+    return binary(B.MAX, a, b)
+
+
+def minimum(a, b) -> Expr:
+    return binary(B.MIN, a, b)
+
+
+def _fold_index(op: B, a: int, b: int):
+    table = {B.ADD: lambda: a + b, B.SUB: lambda: a - b, B.MUL: lambda: a * b,
+             B.FLOORDIV: lambda: a // b if b else None, B.MOD: lambda: a % b if b else None,
+             B.MAX: lambda: max(a, b), B.MIN: lambda: min(a, b)}
+    fn = table.get(op)
+    return fn() if fn else None
+
+
+def _simplify_index(op: B, a: Expr, b: Expr) -> Expr | None:
+    """Algebra on index expressions, so rendered indices stay short."""
+    if a.dtype is not INDEX or b.dtype is not INDEX:
+        return None
+    zero_b = isinstance(b, Const) and b.value == 0
+    one_b = isinstance(b, Const) and b.value == 1
+    zero_a = isinstance(a, Const) and a.value == 0
+    one_a = isinstance(a, Const) and a.value == 1
+    if op in (B.ADD, B.SUB) and zero_b:
+        return a  # x+0 -> x, x-0 -> x
+    if op is B.ADD and zero_a:
+        return b  # 0+x -> x
+    if op is B.MUL and (zero_a or zero_b):
+        return Const(0, INDEX)  # x*0 -> 0
+    if op in (B.MUL, B.FLOORDIV) and one_b:
+        return a  # x*1 -> x, x//1 -> x
+    if op is B.MUL and one_a:
+        return b  # 1*x -> x
+    if op is B.MOD and one_b:
+        return Const(0, INDEX)  # x%1 -> 0
+    return None
+
+
+def walk(e: Expr):
+    """Pre-order traversal of an expression tree."""
+    yield e
+    for child in children(e):
+        yield from walk(child)
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, Load):
+        return e.index
+    if isinstance(e, Unary):
+        return (e.x,)
+    if isinstance(e, Binary):
+        return (e.a, e.b)
+    if isinstance(e, Select):
+        return (e.cond, e.a, e.b)
+    if isinstance(e, Cast):
+        return (e.x,)
+    if isinstance(e, Reduce):
+        return (e.body,)
+    return ()

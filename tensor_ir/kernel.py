@@ -1,0 +1,107 @@
+"""Kernels of the tensor IR: buffers, stages and the kernel that groups them.
+
+A ``Stage`` writes ``out[vars] = body`` for every point of its domain (``out`` row-major, one
+variable per output dimension). A stage may instead store through ``store_index`` (scatter) and
+then runs its points in order. A ``Kernel`` is the unit the backends compile: named input, output
+and temporary buffers plus the stages that fill them, in order.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..graph_ir.types import DType
+from .expr import Expr, Var, as_expr
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __getitem__(self, index) -> Expr:
+        from .expr import Load
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) != len(self.shape):
+            raise IndexError(f"buffer {self.name} has rank {len(self.shape)}, indexed with {len(index)}")
+        return Load(self.name, tuple(as_expr(i) for i in index), self.dtype)
+
+
+@dataclass(frozen=True)
+class Stage:
+    out: str
+    vars: tuple[Var, ...]
+    extents: tuple[int, ...]  # domain of ``vars`` (the output shape unless scattering)
+    body: Expr
+    store_index: tuple[Expr, ...] | None = None  # scatter: write out[store_index] (serial)
+    accumulate: str | None = None  # scatter reduction: "add", "mul", "max", "min"
+
+
+@dataclass
+class Kernel:
+    name: str
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    temps: list[Buffer] = field(default_factory=list)
+    stages: list[Stage] = field(default_factory=list)
+    note: str = ""  # which graph nodes it came from, for inspect
+
+    def buffer(self, name: str) -> Buffer:
+        for b in (*self.inputs, *self.outputs, *self.temps):
+            if b.name == name:
+                return b
+        raise KeyError(f"kernel {self.name} has no buffer {name}")
+
+    def structural_hash(self) -> str:
+        """Hash of everything that determines the generated code (not the kernel's name)."""
+        h = hashlib.sha256()
+        for b in (*self.inputs, *self.outputs, *self.temps):
+            h.update(repr((b.shape, b.dtype.name)).encode())
+        for s in self.stages:
+            h.update(repr(s).encode())
+        return h.hexdigest()[:16]
+
+
+def domain_vars(shape: tuple[int, ...], prefix: str = "i") -> tuple[Var, ...]:
+    return tuple(Var(f"{prefix}{k}") for k in range(len(shape)))
+
+
+def compute(out: Buffer, fn: Callable[..., Expr]) -> Stage:
+    """``out[i0, i1, ...] = fn(i0, i1, ...)`` as a stage."""
+    vs = domain_vars(out.shape)
+    body = as_expr(fn(*vs), out.dtype)
+    if body.dtype is not out.dtype:
+        raise TypeError(f"stage for {out.name}: body has dtype {body.dtype.name}, buffer {out.dtype.name}")
+    return Stage(out.name, vs, tuple(out.shape), body)
+
+
+def scatter(out: Buffer, extents: tuple[int, ...], index_fn: Callable[..., tuple],
+            value_fn: Callable[..., Expr], accumulate: str | None = None) -> Stage:
+    """For every point ``p`` of ``extents`` (in order): ``out[index_fn(*p)] (op)= value_fn(*p)``."""
+    vs = domain_vars(extents, "s")
+    index = tuple(as_expr(i) for i in index_fn(*vs))
+    return Stage(out.name, vs, tuple(extents), as_expr(value_fn(*vs), out.dtype), index, accumulate)
+
+
+_counter = [0]
+
+
+def reset_fresh() -> None:
+    """Restart fresh-variable numbering (called per kernel so names are deterministic)."""
+    _counter[0] = 0
+
+
+def reduce_vars(extents, prefix: str = "r") -> tuple[tuple[Var, int], ...]:
+    """Fresh reduction variables (unique names, so nested reductions never clash)."""
+    _counter[0] += 1
+    tag = _counter[0]
+    return tuple((Var(f"{prefix}{tag}_{k}"), int(e)) for k, e in enumerate(extents))

@@ -1,0 +1,1 @@
+"""Lowerings: nn ops."""

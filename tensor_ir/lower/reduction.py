@@ -1,0 +1,1 @@
+"""Lowerings: reduction ops."""
