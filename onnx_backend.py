@@ -1,0 +1,100 @@
+"""``onnx.backend.base.Backend`` implementation, so ONNX's own test runner (and any tool written
+against that interface) drives deploy unchanged.
+
+``prepare`` checks the model and returns a rep that compiles on first ``run`` with the shapes of the
+inputs it is given (a JIT, as the backend interface expects). Inputs that the model uses as
+shape-like operands (Reshape's shape, Slice's starts ...) are specialized to their values: the
+compiled artifact is cached per (input shapes, dtypes, values of those inputs).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx.backend.base import Backend, BackendRep
+
+from .errors import DeployError, UnsupportedOpsError
+
+
+class DeployRep(BackendRep):
+    def __init__(self, model: onnx.ModelProto, target: str = "host", **options):
+        self.model = model
+        self.target = target
+        self.options = options
+        self._cache: dict = {}
+        self._const_names: set[str] = set()
+
+    def run(self, inputs, **kwargs):
+        names = self._input_names()
+        if isinstance(inputs, dict):
+            feed = {k: np.asarray(v) for k, v in inputs.items()}
+        else:
+            feed = {n: np.asarray(v) for n, v in zip(names, inputs)}
+        module, const_names = self._compiled(feed)
+        outs = module.run({k: v for k, v in feed.items() if k not in const_names})
+        return tuple(outs)
+
+    def _input_names(self) -> list[str]:
+        inits = {t.name for t in self.model.graph.initializer}
+        return [i.name for i in self.model.graph.input if i.name not in inits]
+
+    def _key(self, feed):
+        parts = []
+        for k, v in sorted(feed.items()):
+            val = v.tobytes() if k in self._const_names else b""
+            parts.append((k, v.shape, str(v.dtype), val))
+        return tuple(parts)
+
+    def _compiled(self, feed):
+        key = self._key(feed)
+        if key not in self._cache:
+            self._cache[key] = self._compile(feed)
+        return self._cache[key]
+
+    def _compile(self, feed):
+        from .compiler import compile as deploy_compile
+        from .frontends.onnx import NeedsConstant
+        for _ in range(len(feed) + 1):
+            consts = {k: feed[k] for k in self._const_names}
+            shapes = {k: v.shape for k, v in feed.items() if k not in consts}
+            try:
+                art = deploy_compile(self.model, target=self.target, shapes=shapes,
+                                     constant_inputs=consts, **self.options)
+                return art.load(), set(consts)
+            except NeedsConstant as e:
+                if e.value.name not in feed or e.value.name in self._const_names:
+                    raise DeployError(str(e)) from None
+                self._const_names.add(e.value.name)
+        raise DeployError("could not specialize the model's shape inputs")
+
+
+class DeployBackend(Backend):
+    @classmethod
+    def is_compatible(cls, model, device="CPU", **kwargs):
+        from .frontends.onnx import unsupported_nodes
+        return not unsupported_nodes(model)
+
+    @classmethod
+    def prepare(cls, model, device="CPU", **kwargs):
+        from .frontends.onnx import unsupported_nodes
+        super().prepare(model, device, **kwargs)
+        missing = unsupported_nodes(model)
+        if missing:
+            raise UnsupportedOpsError(missing)
+        return DeployRep(model, **kwargs)
+
+    @classmethod
+    def run_model(cls, model, inputs, device="CPU", **kwargs):
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(cls, node, inputs, device="CPU", outputs_info=None, **kwargs):
+        raise NotImplementedError("deploy compiles whole models; use run_model")
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        return device == "CPU"
+
+
+prepare = DeployBackend.prepare
+run_model = DeployBackend.run_model
+supports_device = DeployBackend.supports_device
