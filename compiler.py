@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 from . import __version__
 from .backends.c.render import CRenderer
 from .backends.c.toolchain import build_shared_library
-from .errors import DeployError, UnsupportedOpsError
+from .errors import NotImplementedYetError, TargetError, UnsupportedOpsError
 from .graph_ir.graph import Graph, Node, Value
 from .graph_ir.ops import Kind
 from .graph_ir.ops import movement
@@ -25,6 +26,8 @@ from .graph_ir.passes import run_pipeline
 from .graph_ir.printer import print_graph
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
+from .tensor_ir.fuse import lower_fused
+from .tensor_ir.memory import MemoryPlan, plan_memory
 from .tensor_ir.lower import LOWERINGS, lower_node
 from .tensor_ir.schedule import default_schedule
 
@@ -80,9 +83,7 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
         clock = now
 
     tgt = load_target(target)
-    if tgt.backend != "c":
-        raise DeployError(f"target {tgt.name}: the {tgt.backend} backend is not implemented yet; "
-                          "CPU targets (backend: c) work today")
+    _check_supported(tgt, tune)
     graph, report = import_model(model, shapes, constant_inputs)
     lap("import")
     dump = Path(dump_dir) if dump_dir else None
@@ -92,15 +93,37 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
     graph, pass_stats = run_pipeline(graph, tgt, dump)
     lap("optimize")
     plan = _plan(graph)
+    memory = _plan_memory(graph, plan)
     lap("lower")
     members, kernels = _build(plan, tgt, dump)
     lap("render+build")
     manifest = _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model)
+    manifest["memory"] = {"arena_bytes": memory.arena_bytes,
+                          "intermediate_bytes": memory.intermediate_bytes,
+                          "offsets": {str(k): v for k, v in sorted(memory.offsets.items())}}
     for vid, arr in plan.constants.items():
         members[f"weights/{vid}.npy"] = array_bytes(arr)
     lap("package")
     manifest["compile_seconds"] = timings
     return Artifact(manifest, members, graph, timings)
+
+
+def _check_supported(tgt: Target, tune: str) -> None:
+    """Refuse, with a clear message, what this build of deploy cannot do yet."""
+    if tgt.backend != "c":
+        raise NotImplementedYetError(
+            f"target {tgt.name}: the {tgt.backend} backend is not implemented yet; CPU targets "
+            "(backend: c, e.g. host, x86_64-avx2, x86_64-avx512) compile today")
+    if tune not in ("none", None):
+        raise NotImplementedYetError(f"tune={tune!r}: autotuning is not implemented yet; "
+                                     "use tune='none' (the default schedules)")
+    host = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
+                                                       platform.machine().lower())
+    arch = tgt.triple.split("-")[0] if tgt.triple else host
+    if arch != host and not os.environ.get("CC"):
+        raise TargetError(f"target {tgt.name} generates {tgt.triple} code but this machine is "
+                          f"{host}: set CC to a cross compiler (e.g. CC={tgt.triple}-gcc), or "
+                          "use --target host")
 
 
 @dataclass
@@ -112,8 +135,13 @@ class Plan:
     host_ops: list[str]
 
 
+def _members(graph: Graph):
+    for n in graph.nodes:
+        yield from (n.attrs["body"].nodes if n.op.name == "Fused" else [n])
+
+
 def _plan(graph: Graph) -> Plan:
-    missing = [(n.name, n.op.name, None, "no tensor-IR lowering") for n in graph.nodes
+    missing = [(n.name, n.op.name, None, "no tensor-IR lowering") for n in _members(graph)
                if n.op.kind is not Kind.HOST and n.op not in VIEW_OPS and n.op not in LOWERINGS]
     if missing:
         raise UnsupportedOpsError(missing, "graph")
@@ -138,9 +166,7 @@ def _plan(graph: Graph) -> Plan:
                           "attrs": _json_attrs(node), "node": node.name})
             host_ops.append(node.op.name)
         else:
-            consts = {k: graph.constants[v] for k, v in enumerate(node.inputs)
-                      if v is not None and v in graph.constants}
-            k = lower_node(node, f"k{len(kernels)}", consts)
+            k = _lower(node, f"k{len(kernels)}", graph.constants)
             kernels.append(k)
             steps.append({"kind": "kernel", "symbol": k.name, "inputs": [i for i in ins if i is not None],
                           "outputs": outs, "node": node.name, "op": node.op.name})
@@ -149,6 +175,21 @@ def _plan(graph: Graph) -> Plan:
             used_consts[vid(v)] = graph.constants[v]
         vid(v)
     return Plan(ids, steps, kernels, used_consts, host_ops)
+
+
+def _plan_memory(graph: Graph, plan: Plan) -> MemoryPlan:
+    nbytes = {i: (v.type.numel * v.dtype.itemsize if v.type.is_static else None)
+              for v, i in plan.ids.items()}
+    outside = {plan.ids[v] for v in graph.inputs} | set(plan.constants) | \
+        {plan.ids[v] for v in graph.outputs}
+    return plan_memory(plan.steps, nbytes, outside)
+
+
+def _lower(node: Node, name: str, constants: dict):
+    if node.op.name == "Fused":
+        return lower_fused(node, name, constants)
+    consts = {k: constants[v] for k, v in enumerate(node.inputs) if v is not None and v in constants}
+    return lower_node(node, name, consts)
 
 
 def _json_attrs(node: Node) -> dict:

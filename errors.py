@@ -40,6 +40,12 @@ class ArtifactError(DeployError):
     """An artifact file is missing, corrupt, or from an incompatible format version."""
 
 
+class NotImplementedYetError(DeployError):
+    """A documented option or backend that deploy does not implement yet (e.g. ``--tune quick``)."""
+
+    exit_code = 4
+
+
 class CompileError(DeployError):
     """A toolchain (C compiler, Triton) failed on generated code: a deploy bug, reported with the log."""
 

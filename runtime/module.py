@@ -43,6 +43,9 @@ class Module:
                        for k, v in m["values"].items()}
         self.constants = {int(k): contents.array(name) for k, name in m["constants"].items()}
         self.steps = m["steps"]
+        memory = m.get("memory", {})
+        self._arena_bytes = int(memory.get("arena_bytes", 0))
+        self._offsets = {int(k): int(v) for k, v in memory.get("offsets", {}).items()}
         self._lib = self._load_library(contents) if m.get("library") else None
         # outputs written by kernels/host ops into fresh buffers can be returned without a copy
         self._owned_outputs = {v for s in self.steps if s["kind"] != "view" for v in s["outputs"]}
@@ -74,22 +77,27 @@ class Module:
         """Run on ``inputs`` (dict name -> array, or list in input order); outputs in order."""
         arrays = validate_inputs(self.input_specs, inputs)
         env: dict[int, np.ndarray] = dict(self.constants)
+        arena = np.empty(self._arena_bytes, np.uint8) if self._arena_bytes else None
         for vid, arr in zip(self.manifest["input_ids"], arrays):
             env[vid] = arr
         for step in self.steps:
-            self._step(step, env)
+            self._step(step, env, arena)
         owned = self._owned_outputs
         return [env[vid] if vid in owned else env[vid].copy() for vid in self.manifest["output_ids"]]
 
-    def _alloc(self, vid: int) -> np.ndarray:
+    def _alloc(self, vid: int, arena) -> np.ndarray:
         dtype, shape = self.values[vid]
-        return np.empty(shape, dtype)
+        offset = self._offsets.get(vid)
+        if offset is None:
+            return np.empty(shape, dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return arena[offset:offset + nbytes].view(dtype).reshape(shape)
 
-    def _step(self, step: dict, env: dict) -> None:
+    def _step(self, step: dict, env: dict, arena) -> None:
         kind = step["kind"]
         if kind == "kernel":
             for vid in step["outputs"]:
-                env[vid] = self._alloc(vid)
+                env[vid] = self._alloc(vid, arena)
             args = [env[v] for v in step["inputs"]] + [env[v] for v in step["outputs"]]
             ptrs = (ctypes.c_void_p * len(args))(*[a.ctypes.data for a in args])
             self._fns[step["symbol"]](ptrs)

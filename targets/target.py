@@ -7,6 +7,7 @@ frozen ``Target``. Errors name the file, the key and the expected type. Compiler
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,24 +22,35 @@ SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "name": ((str,), True, "target name"),
     "kind": ((str,), True, "'cpu' or 'gpu'"),
     "vendor": ((str,), True, "intel, amd, nvidia, arm, generic"),
-    "backend": ((str,), True, "'c' for CPUs, 'triton' for GPUs"),
+    "backend": ((str,), True, "'c' for CPUs, 'triton' or 'cuda' for GPUs"),
     "arch": ((str,), True, "x86-64-v3, x86-64-v4, armv8.2-a, native, sm_80, sm_90, gfx942 ..."),
     "description": ((str,), False, "one line for `deploy targets`"),
-    "vector_bits": ((int,), False, "SIMD width in bits (CPU)"),
+    "triple": ((str,), False, "code generated for, e.g. x86_64-linux-gnu (CPU; absent = host)"),
+    "vector_bits": ((int,), False, "SIMD width in bits (CPU): 128, 256 or 512"),
     "isa": ((list,), False, "ISA feature list, e.g. [avx2, fma, avx512f]"),
     "cores": ((int,), False, "cores (CPU) to plan parallelism for; 0 = detect at run time"),
-    "warp_size": ((int,), False, "threads per warp / wavefront (GPU)"),
+    "warp_size": ((int,), False, "threads per warp / wavefront (GPU): 32 or 64"),
     "sm_count": ((int,), False, "SMs or CUs (GPU)"),
-    "shared_mem_per_block": ((int,), False, "bytes of shared memory per block (GPU)"),
-    "registers_per_sm": ((int,), False, "32-bit registers per SM (GPU)"),
-    "l2_bytes": ((int,), False, "L2 cache bytes"),
+    "max_threads_per_block": ((int,), False, "threads per block / workgroup (GPU)"),
+    "shared_mem_per_block": ((int,), False, "bytes of shared memory (LDS) one block may use (GPU)"),
+    "shared_mem_per_sm": ((int,), False, "bytes of shared memory (LDS) per SM / CU (GPU)"),
+    "registers_per_sm": ((int,), False, "32-bit registers per SM / CU (GPU)"),
+    "l2_bytes": ((int,), False, "L2 cache bytes (whole device)"),
+    "memory_bytes": ((int,), False, "device memory bytes (GPU)"),
     "mem_bandwidth_gbs": ((int, float), False, "DRAM bandwidth, GB/s"),
-    "peak_tflops": ((dict,), False, "peak TFLOP/s per dtype, e.g. {fp32: 67, fp16: 990}"),
+    "peak_tflops": ((dict,), False, "dense peak TFLOP/s (TOP/s for int8) per dtype, "
+                                    "e.g. {fp32: 67, fp16: 989}"),
     "preferred_layout": ((str,), False, "'NCHW' or 'NHWC' for convolutions"),
     "cc_flags": ((list,), False, "extra C compiler flags (CPU)"),
 }
 KINDS = {"cpu", "gpu"}
+BACKENDS = {"cpu": {"c"}, "gpu": {"triton", "cuda"}}
 LAYOUTS = {"NCHW", "NHWC"}
+PEAK_DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+VECTOR_BITS = {128, 256, 512}
+WARP_SIZES = {32, 64}
+GPU_ARCH = {"nvidia": re.compile(r"sm_\d+a?$"), "amd": re.compile(r"gfx[0-9a-f]+$")}
+GPU_REQUIRED = ("warp_size", "sm_count", "shared_mem_per_block")
 
 
 @dataclass(frozen=True)
@@ -49,14 +61,18 @@ class Target:
     backend: str
     arch: str
     description: str = ""
+    triple: str = ""
     vector_bits: int = 128
     isa: tuple[str, ...] = ()
     cores: int = 0
     warp_size: int = 0
     sm_count: int = 0
+    max_threads_per_block: int = 0
     shared_mem_per_block: int = 0
+    shared_mem_per_sm: int = 0
     registers_per_sm: int = 0
     l2_bytes: int = 0
+    memory_bytes: int = 0
     mem_bandwidth_gbs: float = 0.0
     peak_tflops: tuple[tuple[str, float], ...] = ()
     preferred_layout: str = "NCHW"
@@ -69,6 +85,10 @@ class Target:
                 "vector_bits": self.vector_bits, "isa": sorted(self.isa),
                 "warp_size": self.warp_size}
 
+    def peak(self, dtype: str) -> float:
+        """Dense peak TFLOP/s for ``dtype`` (``fp32``, ``fp16`` ...), 0.0 if not described."""
+        return dict(self.peak_tflops).get(dtype, 0.0)
+
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in SCHEMA}
         d["isa"], d["cc_flags"] = list(self.isa), list(self.cc_flags)
@@ -77,10 +97,11 @@ class Target:
 
 
 def list_targets() -> list[str]:
+    """Names of the targets shipped in ``targets/``."""
     return sorted(p.stem for p in HERE.glob("*.yaml"))
 
 
-def load_target(spec: str | Target = "host") -> Target:
+def load_target(spec: str | os.PathLike | Target = "host") -> Target:
     """A target by name (``targets/NAME.yaml``) or by path to a YAML file."""
     if isinstance(spec, Target):
         return spec
@@ -97,12 +118,30 @@ def load_target(spec: str | Target = "host") -> Target:
 
 
 def parse_target(path: Path) -> Target:
+    """Read and validate one YAML file; every problem is reported at once."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as e:
-        raise TargetError(f"{path}: not valid YAML ({e})") from None
+        raise TargetError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    except OSError as e:
+        raise TargetError(f"{path}: cannot read target file ({e.strerror})") from None
     if not isinstance(data, dict):
-        raise TargetError(f"{path}: expected a mapping of keys to values at the top level")
+        raise TargetError(f"{path}: expected a mapping of keys to values at the top level, "
+                          f"got {type(data).__name__}")
+    problems = _check_types(data)
+    if not problems:
+        problems += _check_values(data)
+    if problems:
+        raise TargetError(f"{path}: invalid target description:\n  - " + "\n  - ".join(problems))
+    data = dict(data)
+    data["isa"] = tuple(str(x) for x in data.get("isa", ()))
+    data["cc_flags"] = tuple(str(x) for x in data.get("cc_flags", ()))
+    data["peak_tflops"] = tuple(sorted((str(k), float(v))
+                                       for k, v in data.get("peak_tflops", {}).items()))
+    return Target(**data, source=str(path))
+
+
+def _check_types(data: dict) -> list[str]:
     problems = []
     for key, (types, required, desc) in SCHEMA.items():
         if key not in data:
@@ -114,29 +153,50 @@ def parse_target(path: Path) -> Target:
                             f"{type(data[key]).__name__} {data[key]!r}")
     problems += [f"unknown key '{k}'; accepted keys: {', '.join(SCHEMA)}" for k in data
                  if k not in SCHEMA]
-    if not problems:
-        problems += _check_values(data)
-    if problems:
-        raise TargetError(f"{path}: invalid target description:\n  - " + "\n  - ".join(problems))
-    data = dict(data)
-    data["isa"] = tuple(data.get("isa", ()))
-    data["cc_flags"] = tuple(data.get("cc_flags", ()))
-    data["peak_tflops"] = tuple(sorted((str(k), float(v))
-                                       for k, v in data.get("peak_tflops", {}).items()))
-    return Target(**data, source=str(path))
+    return problems
 
 
 def _check_values(data: dict) -> list[str]:
-    problems = []
-    if data["kind"] not in KINDS:
-        problems.append(f"key 'kind' must be one of {sorted(KINDS)}, got {data['kind']!r}")
+    kind, problems = data["kind"], []
+    if kind not in KINDS:
+        return [f"key 'kind' must be one of {sorted(KINDS)}, got {kind!r}"]
+    if data["backend"] not in BACKENDS[kind]:
+        problems.append(f"key 'backend' must be one of {sorted(BACKENDS[kind])} for a {kind} "
+                        f"target, got {data['backend']!r}")
     if data.get("preferred_layout", "NCHW") not in LAYOUTS:
-        problems.append(f"key 'preferred_layout' must be one of {sorted(LAYOUTS)}")
-    if data["kind"] == "gpu":
-        for key in ("warp_size", "sm_count", "shared_mem_per_block"):
-            if key not in data:
-                problems.append(f"GPU targets need key '{key}' ({SCHEMA[key][2]})")
+        problems.append(f"key 'preferred_layout' must be one of {sorted(LAYOUTS)}, "
+                        f"got {data['preferred_layout']!r}")
+    problems += _check_numbers(data)
+    problems += _check_gpu(data) if kind == "gpu" else _check_cpu(data)
     for k, v in data.get("peak_tflops", {}).items():
-        if not isinstance(v, (int, float)):
-            problems.append(f"key 'peak_tflops.{k}' must be a number, got {v!r}")
+        if k not in PEAK_DTYPES:
+            problems.append(f"key 'peak_tflops.{k}': unknown dtype; accepted: "
+                            f"{', '.join(PEAK_DTYPES)}")
+        elif not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+            problems.append(f"key 'peak_tflops.{k}' must be a positive number, got {v!r}")
+    return problems
+
+
+def _check_numbers(data: dict) -> list[str]:
+    return [f"key '{k}' must be >= 0, got {v}" for k, v in data.items()
+            if SCHEMA[k][0][0] in (int, float) and not isinstance(v, bool) and v < 0]
+
+
+def _check_cpu(data: dict) -> list[str]:
+    bits = data.get("vector_bits", 128)
+    if bits not in VECTOR_BITS:
+        return [f"key 'vector_bits' must be one of {sorted(VECTOR_BITS)}, got {bits}"]
+    return []
+
+
+def _check_gpu(data: dict) -> list[str]:
+    problems = [f"GPU targets need key '{k}' ({SCHEMA[k][2]})" for k in GPU_REQUIRED
+                if k not in data]
+    if data.get("warp_size", 32) not in WARP_SIZES:
+        problems.append(f"key 'warp_size' must be one of {sorted(WARP_SIZES)}, "
+                        f"got {data['warp_size']}")
+    pattern = GPU_ARCH.get(data["vendor"])
+    if pattern and not pattern.match(data["arch"]):
+        problems.append(f"key 'arch' for vendor {data['vendor']} must look like "
+                        f"{pattern.pattern!r} (e.g. sm_90, gfx942), got {data['arch']!r}")
     return problems

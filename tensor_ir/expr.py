@@ -281,3 +281,29 @@ def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Reduce):
         return (e.body,)
     return ()
+
+
+def transform(e: Expr, fn) -> Expr:
+    """Rebuild ``e`` bottom-up; ``fn(node)`` returns a replacement or None to keep the node."""
+    if isinstance(e, Load):
+        new = Load(e.buf, tuple(transform(i, fn) for i in e.index), e.dtype)
+    elif isinstance(e, Unary):
+        new = Unary(e.op, transform(e.x, fn), e.dtype)
+    elif isinstance(e, Binary):
+        new = Binary(e.op, transform(e.a, fn), transform(e.b, fn), e.dtype)
+    elif isinstance(e, Select):
+        new = Select(transform(e.cond, fn), transform(e.a, fn), transform(e.b, fn), e.dtype)
+    elif isinstance(e, Cast):
+        new = Cast(transform(e.x, fn), e.dtype)
+    elif isinstance(e, Reduce):
+        new = Reduce(e.op, tuple((transform(v, fn), n) for v, n in e.vars),
+                     transform(e.body, fn), e.dtype)
+    else:
+        new = e
+    out = fn(new)
+    return new if out is None else out
+
+
+def substitute(e: Expr, mapping: dict) -> Expr:
+    """Replace variables by expressions (``{Var: Expr}``)."""
+    return transform(e, lambda x: mapping.get(x) if isinstance(x, Var) else None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .expr import R, Reduce
+from .expr import R, Reduce, walk
 from .kernel import Kernel, Stage
 
 PARALLEL_MIN_WORK = 1 << 15  # points x body size below which OpenMP costs more than it gives
@@ -21,8 +21,8 @@ def _work(stage: Stage) -> int:
     n = 1
     for e in stage.extents:
         n *= e
-    if isinstance(stage.body, Reduce):
-        for _, e in stage.body.vars:
+    for red in (x for x in walk(stage.body) if isinstance(x, Reduce)):
+        for _, e in red.vars:
             n *= e
     return n
 
@@ -46,9 +46,8 @@ def rule_scatter(stage: Stage) -> StageSchedule | None:
 def rule_contraction(stage: Stage) -> StageSchedule | None:
     # out = sum_r a*b with a float accumulator: reduce loop outside the inner spatial loops,
     # so the innermost loop streams contiguous output and input rows (vectorizes)
-    body = stage.body
-    if not (isinstance(body, Reduce) and body.op is R.SUM and body.dtype.is_float
-            and body.dtype.c_type in ("float", "double") and len(stage.extents) >= 1):
+    red = single_sum(stage)
+    if red is None or not stage.extents:
         return None
     inner, n = 0, 1
     for e in reversed(stage.extents):
@@ -59,6 +58,17 @@ def rule_contraction(stage: Stage) -> StageSchedule | None:
     outer = len(stage.extents) - inner
     parallel = _collapse(stage.extents, outer) if outer and _work(stage) >= PARALLEL_MIN_WORK else 0
     return StageSchedule(parallel=parallel, reduce_outer=outer)
+
+
+def single_sum(stage: Stage) -> Reduce | None:
+    """The stage's one float SUM reduction (its epilogue is the rest of the body), or None."""
+    reds = [x for x in walk(stage.body) if isinstance(x, Reduce)]
+    if len(reds) != 1:
+        return None
+    red = reds[0]
+    ok = (red.op is R.SUM and red.dtype.is_float and red.dtype.c_type in ("float", "double")
+          and stage.body.dtype is red.dtype and stage.store_index is None)
+    return red if ok else None
 
 
 def rule_generic(stage: Stage) -> StageSchedule:

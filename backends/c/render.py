@@ -11,10 +11,10 @@ from pathlib import Path
 
 from ...graph_ir.types import DType
 from ...tensor_ir.expr import (
-    B, R, U, Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, walk,
+    B, R, U, Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, transform, walk,
 )
 from ...tensor_ir.kernel import Buffer, Kernel, Stage
-from ...tensor_ir.schedule import StageSchedule
+from ...tensor_ir.schedule import StageSchedule, single_sum
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 
@@ -115,8 +115,9 @@ class CRenderer:
         return ["  {"] + lines + ["  }"]
 
     def _stage_reduce_outer(self, st: Stage, out: Buffer, sched: StageSchedule) -> list[str]:
-        """out[o, i] = sum_r body  ->  for o: { out[o, :] = 0; for r: for i: out[o, i] += body }."""
-        red: Reduce = st.body  # type: ignore[assignment]
+        """out[o, i] = epi(sum_r body) ->
+        for o: { out[o, :] = 0; for r: for i: out[o, i] += body; for i: out[o, i] = epi(out[o, i]) }."""
+        red = single_sum(st)
         n_outer = sched.reduce_outer
         ovars, ivars = st.vars[:n_outer], st.vars[n_outer:]
         lines: list[str] = []
@@ -135,6 +136,13 @@ class CRenderer:
         term = self.expr(red.body, lines, ind2)
         lines.append(f"{ind2}{target} += {term};")
         self._close_loops(lines, d3 + d4, depth)
+        if st.body is not red:
+            acc = Load(out.name, tuple(st.vars), out.dtype)
+            epi = transform(st.body, lambda e: acc if e is red or e == red else None)
+            d5 = self._open_loops(lines, ivars, out.shape[n_outer:], 0, ind, simd=True)
+            ind3 = "  " * (depth + d5 + 1)
+            lines.append(f"{ind3}{target} = {self.expr(epi, lines, ind3)};")
+            self._close_loops(lines, d5, depth)
         self._close_loops(lines, depth)
         return ["  {"] + lines + ["  }"]
 

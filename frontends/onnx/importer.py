@@ -43,25 +43,27 @@ def opset_of(proto: onnx.ModelProto) -> int:
 
 def unsupported_nodes(proto: onnx.ModelProto) -> list[tuple[str, str, int | None, str]]:
     """Every node (subgraphs included) whose op has no converter: (name, op, opset, reason)."""
-    opsets = {imp.domain: imp.version for imp in proto.opset_import}
-    missing = []
-    for i, node in enumerate(_all_nodes(proto.graph)):
-        domain = node.domain or ""
-        version = opsets.get(domain, opsets.get("ai.onnx"))
-        if domain not in DEFAULT_DOMAINS:
-            missing.append((node.name or f"#{i}", f"{domain}::{node.op_type}", version,
-                            "custom domain"))
-        elif node.op_type not in CONVERTERS:
-            missing.append((node.name or f"#{i}", node.op_type, version, ""))
-    return missing
+    return [(name, op, version, why) for name, op, version, why in _node_rows(proto)
+            if why is not None]
 
 
 def list_ops(proto: onnx.ModelProto) -> list[tuple[str, str, int | None, bool]]:
-    """(node name, op type, opset, supported) for every node, in model order."""
-    bad = {(n, op) for n, op, _, _ in unsupported_nodes(proto)}
-    opset = opset_of(proto)
-    return [(node.name or f"#{i}", node.op_type, opset, (node.name or f"#{i}", node.op_type) not in bad)
-            for i, node in enumerate(_all_nodes(proto.graph))]
+    """(node name, op type, opset of its domain, supported) for every node, in model order."""
+    return [(name, op, version, why is None) for name, op, version, why in _node_rows(proto)]
+
+
+def _node_rows(proto: onnx.ModelProto):
+    """(name, op, opset, reason it is unsupported or None) per node, subgraphs included."""
+    opsets = {imp.domain: imp.version for imp in proto.opset_import}
+    for i, node in enumerate(_all_nodes(proto.graph)):
+        domain, name = node.domain or "", node.name or f"#{i}"
+        version = opsets.get(domain, opsets.get("ai.onnx") if domain in DEFAULT_DOMAINS else None)
+        if domain not in DEFAULT_DOMAINS:
+            yield name, f"{domain}::{node.op_type}", version, "custom domain"
+        elif node.op_type not in CONVERTERS:
+            yield name, node.op_type, version, ""
+        else:
+            yield name, node.op_type, version, None
 
 
 def _all_nodes(g: onnx.GraphProto):
@@ -102,7 +104,9 @@ def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> lis
         cx.node = node
         try:
             outs = CONVERTERS[node.op_type](cx, node, ins)
-        except NeedsConstant:
+        except NeedsConstant as e:
+            if not getattr(e, "where", ""):
+                e.where = f"node '{node.name}' ({node.op_type}, opset {cx.opset})"
             raise
         except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
             raise ModelError(f"node '{node.name}' ({node.op_type}, opset {cx.opset}): {e}") from e
@@ -122,6 +126,11 @@ def _to_array(t: onnx.TensorProto) -> np.ndarray:
 def _bind_inputs(cx: OnnxCtx, g: onnx.GraphProto, shapes, const_inputs, bound) -> dict[str, Value]:
     env: dict[str, Value] = {}
     inits = {t.name for t in g.initializer}
+    names = [vi.name for vi in g.input if vi.name not in inits]
+    unknown = sorted(set(shapes) - set(names))
+    if unknown:
+        raise ModelError(f"shape given for unknown input(s) {unknown}; the model's inputs are "
+                         f"{names}")
     for vi in g.input:
         if vi.name in inits:
             continue  # old-IR models list initializers among inputs

@@ -2,6 +2,7 @@
 from . import (  # noqa: F401  (imports register the ops)
     contraction,
     elementwise,
+    fused,
     host,
     movement,
     nn,

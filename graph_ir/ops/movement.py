@@ -1,13 +1,17 @@
-"""Op table: movement ops (pure indexing: reshape, transpose, slice, concat, gather ...)."""
+"""Op table: movement ops (pure indexing: reshape, transpose, slice, concat, gather, scatter ...).
+
+Attributes are fully resolved by the frontends (no negative axes, no -1 dims, no out-of-range
+slice bounds), so shape rules stay one-liners and lowerings never re-derive them. Index operands
+of Gather/Scatter stay runtime tensors; negative indices are wrapped (``i < 0 -> i + n``).
+"""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
-from .registry import REQUIRED, Kind, define, same_dtype
-
-
-def _reshape_shape(ins, attrs):
-    return [tuple(attrs["shape"])]
+from ..types import DType
+from .registry import REQUIRED, Kind, broadcast_shapes, define, same_dtype
 
 
 def _check_reshape(ins, attrs):
@@ -15,6 +19,12 @@ def _check_reshape(ins, attrs):
     if all(isinstance(d, int) for d in src + dst) and np.prod(src) != np.prod(dst):
         raise ValueError(f"Reshape: cannot reshape {src} to {dst}")
     return [dst]
+
+
+def wrap_indices(idx: np.ndarray, n: int) -> np.ndarray:
+    """ONNX index convention: negative indices count from the end."""
+    idx = np.asarray(idx).astype(np.int64)
+    return np.where(idx < 0, idx + n, idx)
 
 
 # Reshape is a view: the runtime reinterprets the buffer, no kernel runs.
@@ -26,3 +36,238 @@ Transpose = define("Transpose", Kind.MOVEMENT,
                    lambda ins, a: [tuple(ins[0].shape[p] for p in a["perm"])], same_dtype(),
                    lambda ins, a: [np.ascontiguousarray(np.transpose(ins[0], a["perm"]))],
                    perm=REQUIRED)
+
+
+# ---- slicing and joining -------------------------------------------------------------------
+
+def _slice_ref(ins, a):
+    x = ins[0]
+    idx = [s + st * np.arange(n) for s, st, n in zip(a["starts"], a["steps"], a["sizes"])]
+    return [np.ascontiguousarray(x[np.ix_(*idx)]) if idx else x.copy()]
+
+
+Slice = define("Slice", Kind.MOVEMENT, lambda ins, a: [tuple(a["sizes"])], same_dtype(), _slice_ref,
+               starts=REQUIRED, steps=REQUIRED, sizes=REQUIRED,
+               doc="out[i] = x[starts + steps * i] per axis (all axes listed, bounds resolved).")
+
+
+def _concat_shape(ins, a):
+    ax = a["axis"]
+    shape = list(ins[0].shape)
+    shape[ax] = sum(t.shape[ax] for t in ins)
+    return [tuple(shape)]
+
+
+Concat = define("Concat", Kind.MOVEMENT, _concat_shape, same_dtype(),
+                lambda ins, a: [np.concatenate(ins, axis=a["axis"])], axis=REQUIRED)
+
+
+def _pad_ref(ins, a):
+    x, r = ins[0], ins[0].ndim
+    width = [(a["pads"][k], a["pads"][k + r]) for k in range(r)]
+    if a["mode"] == "constant":
+        value = ins[1].reshape(()) if len(ins) > 1 and ins[1] is not None else a["value"]
+        return [np.pad(x, width, mode="constant", constant_values=value)]
+    return [np.pad(x, width, mode=a["mode"])]
+
+
+def _pad_shape(ins, a):
+    r, p = ins[0].rank, a["pads"]
+    return [tuple(d + p[k] + p[k + r] for k, d in enumerate(ins[0].shape))]
+
+
+Pad = define("Pad", Kind.MOVEMENT, _pad_shape, same_dtype(), _pad_ref,
+             pads=REQUIRED, mode="constant", value=0,
+             doc="pads = [begin_0.., end_0..] (non-negative); modes constant/reflect/edge/wrap; "
+                 "optional input 1 is a runtime scalar fill value (else attr value).")
+
+Expand = define("Expand", Kind.MOVEMENT, lambda ins, a: [tuple(a["shape"])], same_dtype(),
+                lambda ins, a: [np.ascontiguousarray(np.broadcast_to(ins[0], a["shape"]))],
+                shape=REQUIRED, doc="Numpy broadcast of x to the (already broadcast) shape.")
+
+Tile = define("Tile", Kind.MOVEMENT,
+              lambda ins, a: [tuple(d * r for d, r in zip(ins[0].shape, a["repeats"]))],
+              same_dtype(), lambda ins, a: [np.tile(ins[0], a["repeats"])], repeats=REQUIRED)
+
+
+# ---- gather / scatter ----------------------------------------------------------------------
+
+def _gather_ref(ins, a):
+    x, ax = ins[0], a["axis"]
+    return [np.take(x, wrap_indices(ins[1], x.shape[ax]), axis=ax)]
+
+
+Gather = define("Gather", Kind.MOVEMENT,
+                lambda ins, a: [ins[0].shape[:a["axis"]] + ins[1].shape + ins[0].shape[a["axis"] + 1:]],
+                same_dtype(), _gather_ref, axis=0)
+
+
+def _gather_elements_ref(ins, a):
+    x, ax = ins[0], a["axis"]
+    return [np.take_along_axis(x, wrap_indices(ins[1], x.shape[ax]), axis=ax)]
+
+
+GatherElements = define("GatherElements", Kind.MOVEMENT, lambda ins, a: [ins[1].shape], same_dtype(),
+                        _gather_elements_ref, axis=0)
+
+
+def _gather_nd_shape(ins, a):
+    b, ind = a["batch_dims"], ins[1].shape
+    return [ind[:-1] + ins[0].shape[b + ind[-1]:]]
+
+
+def _gather_nd_ref(ins, a):
+    x, ind, b = ins[0], np.asarray(ins[1]).astype(np.int64), a["batch_dims"]
+    k = ind.shape[-1]
+    bshape = x.shape[:b]
+    xf = x.reshape((-1,) + x.shape[b:])
+    indf = ind.reshape((xf.shape[0], -1, k))
+    out = []
+    for bi in range(xf.shape[0]):
+        for row in indf[bi]:
+            out.append(xf[bi][tuple(wrap_indices(row, np.array(x.shape[b:b + k])))])
+    shape = _gather_nd_shape([x, ind], a)[0]
+    return [np.asarray(out, dtype=x.dtype).reshape(shape) if out else np.zeros(shape, x.dtype)]
+
+
+GatherND = define("GatherND", Kind.MOVEMENT, _gather_nd_shape, same_dtype(), _gather_nd_ref,
+                  batch_dims=0)
+
+_UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _store(out, where, value, reduction):
+    if reduction == "none":
+        out[where] = value
+    else:
+        out[where] = _UFUNC[reduction](out[where], value)
+
+
+def _scatter_elements_ref(ins, a):
+    x, ind, upd = ins
+    out, ax = x.copy(), a["axis"]
+    ind = wrap_indices(ind, x.shape[ax])
+    for p in np.ndindex(*ind.shape):
+        where = p[:ax] + (ind[p],) + p[ax + 1:]
+        _store(out, where, upd[p], a["reduction"])
+    return [out]
+
+
+ScatterElements = define("ScatterElements", Kind.OPAQUE, lambda ins, a: [ins[0].shape],
+                         same_dtype(), _scatter_elements_ref, axis=0, reduction="none",
+                         doc="Copy x, then for every index point in order: out[..] (op)= upd[..].")
+
+
+def _scatter_nd_ref(ins, a):
+    x, ind, upd = ins
+    out = x.copy()
+    ind = np.asarray(ind).astype(np.int64)
+    k = ind.shape[-1]
+    dims = np.array(x.shape[:k])
+    for p in np.ndindex(*ind.shape[:-1]):
+        _store(out, tuple(wrap_indices(ind[p], dims)), upd[p], a["reduction"])
+    return [out]
+
+
+ScatterND = define("ScatterND", Kind.OPAQUE, lambda ins, a: [ins[0].shape], same_dtype(),
+                   _scatter_nd_ref, reduction="none")
+
+
+# ---- generators ----------------------------------------------------------------------------
+
+Full = define("Full", Kind.OPAQUE, lambda ins, a: [tuple(a["shape"])], lambda ins, a: [a["dtype"]],
+              lambda ins, a: [np.full(a["shape"], a["value"], a["dtype"].np)],
+              shape=REQUIRED, value=0, dtype=DType.float32, doc="A tensor filled with one value.")
+
+
+def range_count(start, limit, delta) -> int:
+    """Number of elements of ONNX Range: max(ceil((limit - start) / delta), 0)."""
+    return max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
+
+
+Range = define("Range", Kind.OPAQUE,
+               lambda ins, a: [(range_count(a["start"], a["limit"], a["delta"]),)],
+               lambda ins, a: [a["dtype"]],
+               lambda ins, a: [(a["start"] + np.arange(range_count(a["start"], a["limit"], a["delta"]))
+                                * a["delta"]).astype(a["dtype"].np)],
+               start=REQUIRED, limit=REQUIRED, delta=REQUIRED, dtype=REQUIRED)
+
+
+def _one_hot_ref(ins, a):
+    ind, values = ins
+    depth, ax = a["depth"], a["axis"]
+    idx = wrap_indices(np.asarray(ind).astype(np.int64), depth)
+    idx = np.expand_dims(idx, ax)
+    shape = [1] * idx.ndim
+    shape[ax] = depth
+    hot = idx == np.arange(depth).reshape(shape)
+    return [np.where(hot, values[1], values[0]).astype(values.dtype)]
+
+
+def _one_hot_shape(ins, a):
+    shape = list(ins[0].shape)
+    shape.insert(a["axis"], a["depth"])
+    return [tuple(shape)]
+
+
+OneHot = define("OneHot", Kind.MOVEMENT, _one_hot_shape, same_dtype(1), _one_hot_ref,
+                depth=REQUIRED, axis=REQUIRED,
+                doc="out[.., j, ..] = values[1] if wrap(ind[..]) == j else values[0].")
+
+Trilu = define("Trilu", Kind.MOVEMENT, lambda ins, a: [ins[0].shape], same_dtype(),
+               lambda ins, a: [(np.triu if a["upper"] else np.tril)(ins[0], a["k"])],
+               upper=1, k=0)
+
+
+def _reverse_sequence_ref(ins, a):
+    x, lens = ins
+    out = x.copy()
+    bax, tax = a["batch_axis"], a["time_axis"]
+    for b, n in enumerate(np.asarray(lens).astype(np.int64)):
+        src = [slice(None)] * x.ndim
+        src[bax], src[tax] = b, slice(n - 1, None, -1) if n > 0 else slice(0, 0)
+        dst = [slice(None)] * x.ndim
+        dst[bax], dst[tax] = b, slice(0, n)
+        out[tuple(dst)] = x[tuple(src)]
+    return [out]
+
+
+ReverseSequence = define("ReverseSequence", Kind.MOVEMENT, lambda ins, a: [ins[0].shape],
+                         same_dtype(), _reverse_sequence_ref, batch_axis=1, time_axis=0)
+
+
+# ---- Col2Im --------------------------------------------------------------------------------
+
+def col2im_blocks(image, block, dilations, pads, strides) -> list[int]:
+    """Sliding-block counts per spatial dim (pads = [begin.., end..])."""
+    r = len(image)
+    return [(image[i] + pads[i] + pads[i + r] - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1
+            for i in range(r)]
+
+
+def _col2im_ref(ins, a):
+    x = ins[0]
+    image, block = a["image_shape"], a["block_shape"]
+    dil, pads, strides = a["dilations"], a["pads"], a["strides"]
+    r, kn = len(image), int(np.prod(block))
+    nblk = col2im_blocks(image, block, dil, pads, strides)
+    n, c = x.shape[0], x.shape[1] // kn
+    xr = x.reshape((n, c) + tuple(block) + tuple(nblk))
+    out = np.zeros((n, c) + tuple(image), x.dtype)
+    for k in np.ndindex(*block):
+        for bl in np.ndindex(*nblk):
+            pos = tuple(bl[i] * strides[i] - pads[i] + k[i] * dil[i] for i in range(r))
+            if all(0 <= pos[i] < image[i] for i in range(r)):
+                out[(slice(None), slice(None)) + pos] += xr[(slice(None), slice(None)) + k + bl]
+    return [out]
+
+
+Col2Im = define("Col2Im", Kind.OPAQUE,
+                lambda ins, a: [(ins[0].shape[0], ins[0].shape[1] // int(np.prod(a["block_shape"])))
+                                + tuple(a["image_shape"])],
+                same_dtype(), _col2im_ref, image_shape=REQUIRED, block_shape=REQUIRED,
+                dilations=REQUIRED, pads=REQUIRED, strides=REQUIRED)
+
+__all__ = ["Col2Im", "Concat", "Expand", "Full", "Gather", "GatherElements", "GatherND",
+           "OneHot", "Pad", "Range", "Reshape", "ReverseSequence", "ScatterElements", "ScatterND",
+           "Slice", "Tile", "Transpose", "Trilu", "broadcast_shapes", "range_count"]

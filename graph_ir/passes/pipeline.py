@@ -12,10 +12,18 @@ from ... import config
 from ..graph import Graph
 from ..printer import print_graph
 from ..verify import verify
+from .cse import cse
 from .dce import dce
+from .fold import fold_constants
+from .fuse import fuse
+from .simplify import simplify
 
 PIPELINE = [
+    ("simplify", simplify),  # algebraic identities, transpose/reshape/cast chains
+    ("fold", fold_constants),  # all-constant nodes -> constants (via the op references)
+    ("cse", cse),  # one node per distinct computation
     ("dce", dce),  # drop what no output needs
+    ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
 
 

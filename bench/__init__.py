@@ -1,0 +1,1 @@
+"""Benchmarks and real-model builders (not tests). See docs/models.md."""

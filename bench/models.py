@@ -1,0 +1,451 @@
+"""Real models built from ``transformers`` configs with seeded random weights, exported to ONNX.
+
+Nothing is downloaded: each model is the architecture of a public checkpoint (its config class's
+defaults, e.g. ``ResNetConfig()`` is microsoft/resnet-50) with weights drawn after
+``torch.manual_seed(SEED)``. ``--tiny`` variants keep every op kind but use few layers and small
+widths, for fast tests. Exported files are cached under ``bench/.models/`` (gitignored by a
+``.gitignore`` the cache writes into itself), keyed by everything that changes the file.
+
+    python -m deploy.bench.models resnet50 [--batch 1] [--tiny] [--exporter dynamo|torchscript]
+    python -m deploy.bench.models bert --compile      # also compile for host, time it, check vs ORT
+    python -m deploy.bench.models all --tiny
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+SEED = 0
+OPSET = 17
+FORMAT = 1  # bump to invalidate every cached export
+CACHE_DIR = Path(os.environ.get("DEPLOY_MODELS_DIR", Path(__file__).resolve().parent / ".models"))
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: ``kind`` is "image" (standard normal), "ids" (ints in [0, high)) or
+    "mask" (1 for a random-length prefix of each row, 0 after it: right padding)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str
+    high: int = 0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to build one model: config (tiny or not), model class, inputs, output attribute."""
+
+    config: Callable[[bool], object]
+    model_class: str
+    inputs: Callable[[object, int, bool], list[InputSpec]]
+    output: str
+    exporter: str  # the exporter that gives the cleaner standard-op graph for this model
+
+
+# ----------------------------------------------------------------------------- configs
+
+def _resnet50(tiny: bool):
+    from transformers import ResNetConfig
+    if tiny:
+        return ResNetConfig(embedding_size=8, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                            num_labels=10)
+    return ResNetConfig(num_labels=1000)  # microsoft/resnet-50
+
+
+def _mobilenet_v2(tiny: bool):
+    from transformers import MobileNetV2Config
+    if tiny:
+        return MobileNetV2Config(depth_multiplier=0.25, image_size=32, num_labels=10)
+    return MobileNetV2Config(num_labels=1001)  # google/mobilenet_v2_1.0_224
+
+
+def _convnext_tiny(tiny: bool):
+    from transformers import ConvNextConfig
+    if tiny:
+        return ConvNextConfig(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], num_labels=10,
+                              image_size=32)
+    return ConvNextConfig(num_labels=1000)  # facebook/convnext-tiny-224
+
+
+def _vit_base(tiny: bool):
+    from transformers import ViTConfig
+    if tiny:
+        return ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, image_size=32, patch_size=8, num_labels=10,
+                         attn_implementation="eager")
+    return ViTConfig(num_labels=1000, attn_implementation="eager")  # google/vit-base-patch16-224
+
+
+def _bert_base(tiny: bool):
+    from transformers import BertConfig
+    if tiny:
+        return BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=128,
+                          attn_implementation="eager")
+    return BertConfig(attn_implementation="eager")  # bert-base-uncased
+
+
+def _gpt2_small(tiny: bool):
+    from transformers import GPT2Config
+    if tiny:
+        return GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                          use_cache=False, attn_implementation="eager")
+    return GPT2Config(use_cache=False, attn_implementation="eager")  # gpt2
+
+
+def _image_inputs(cfg, batch: int, tiny: bool) -> list[InputSpec]:
+    size = getattr(cfg, "image_size", 224) if tiny else 224
+    size = 32 if tiny else size
+    return [InputSpec("pixel_values", (batch, 3, size, size), "float32", "image")]
+
+
+def _text_inputs(with_mask: bool):
+    def inputs(cfg, batch: int, tiny: bool) -> list[InputSpec]:
+        seq = 16 if tiny else 128
+        specs = [InputSpec("input_ids", (batch, seq), "int64", "ids", cfg.vocab_size)]
+        if with_mask:
+            specs.append(InputSpec("attention_mask", (batch, seq), "int64", "mask"))
+        return specs
+    return inputs
+
+
+RECIPES: dict[str, Recipe] = {
+    "resnet50": Recipe(_resnet50, "ResNetForImageClassification", _image_inputs, "logits",
+                       "dynamo"),
+    "mobilenet_v2": Recipe(_mobilenet_v2, "MobileNetV2ForImageClassification", _image_inputs,
+                           "logits", "dynamo"),
+    "convnext_tiny": Recipe(_convnext_tiny, "ConvNextForImageClassification", _image_inputs,
+                            "logits", "dynamo"),
+    "vit_base": Recipe(_vit_base, "ViTForImageClassification", _image_inputs, "logits", "dynamo"),
+    "bert_base": Recipe(_bert_base, "BertModel", _text_inputs(True), "last_hidden_state",
+                        "dynamo"),
+    "gpt2_small": Recipe(_gpt2_small, "GPT2LMHeadModel", _text_inputs(False), "logits", "dynamo"),
+}
+ALIASES = {"resnet": "resnet50", "resnet-50": "resnet50", "mobilenet": "mobilenet_v2",
+           "mobilenetv2": "mobilenet_v2", "convnext": "convnext_tiny", "vit": "vit_base",
+           "bert": "bert_base", "gpt2": "gpt2_small"}
+
+
+def recipe_name(name: str) -> str:
+    """Canonical model name (accepts the short aliases)."""
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in RECIPES:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(RECIPES)} "
+                       f"(aliases: {', '.join(ALIASES)})")
+    return key
+
+
+# ----------------------------------------------------------------------------- building
+
+def build(name: str, tiny: bool = False, batch: int = 1):
+    """(torch module returning one tensor, its input specs, its config), weights seeded."""
+    import torch
+    import transformers
+    r = RECIPES[recipe_name(name)]
+    cfg = r.config(tiny)
+    torch.manual_seed(SEED)
+    model = getattr(transformers, r.model_class)(cfg).eval()
+    _randomize_norm_stats(model)
+    specs = r.inputs(cfg, batch, tiny)
+    return _SingleOutput(model, [s.name for s in specs], r.output).eval(), specs, cfg
+
+
+def _randomize_norm_stats(model) -> None:
+    """BatchNorm running stats are 0/1 after init; draw them so BN folding is really tested."""
+    import torch
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            with torch.no_grad():
+                m.running_mean.normal_(0.0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.normal_(1.0, 0.1)
+                m.bias.normal_(0.0, 0.1)
+
+
+def _single_output_class():
+    import torch
+
+    class SingleOutput(torch.nn.Module):
+        """Positional inputs -> keyword call -> one named output tensor."""
+
+        def __init__(self, model, names: list[str], output: str):
+            super().__init__()
+            self.model, self.names, self.output = model, names, output
+
+        def forward(self, *args):
+            return getattr(self.model(**dict(zip(self.names, args))), self.output)
+
+    return SingleOutput
+
+
+def _SingleOutput(model, names, output):  # noqa: N802 - builds the torch class lazily
+    return _single_output_class()(model, names, output)
+
+
+def random_inputs(specs: list[InputSpec], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Fresh random inputs per spec: images ~ N(0,1), ids in [0, high), masks = padded prefixes."""
+    out = {}
+    for s in specs:
+        if s.kind == "image":
+            out[s.name] = rng.standard_normal(s.shape).astype(s.dtype)
+        elif s.kind == "ids":
+            out[s.name] = rng.integers(0, s.high, s.shape).astype(s.dtype)
+        elif s.kind == "mask":
+            batch, seq = s.shape
+            lengths = rng.integers(max(1, seq // 2), seq + 1, batch)
+            lengths[0] = seq // 2 + 1 if seq > 1 else 1  # row 0 always has padding
+            out[s.name] = (np.arange(seq)[None, :] < lengths[:, None]).astype(s.dtype)
+        else:
+            raise ValueError(f"input {s.name}: unknown kind {s.kind!r} (image, ids, mask)")
+    return out
+
+
+# ----------------------------------------------------------------------------- export + cache
+
+def cache_key(name: str, tiny: bool, batch: int, exporter: str, cfg) -> str:
+    import torch
+    import transformers
+    blob = json.dumps({"name": name, "tiny": tiny, "batch": batch, "exporter": exporter,
+                       "opset": OPSET, "seed": SEED, "format": FORMAT,
+                       "config": cfg.to_json_string(use_diff=False),
+                       "torch": torch.__version__, "transformers": transformers.__version__},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def model_path(name: str, batch: int = 1, tiny: bool = False, exporter: str | None = None,
+               verbose: bool = False) -> Path:
+    """Path of the cached ONNX export, exporting it first if needed."""
+    name = recipe_name(name)
+    exporter = exporter or RECIPES[name].exporter
+    cfg = RECIPES[name].config(tiny)
+    stem = f"{name}{'-tiny' if tiny else ''}-b{batch}-{exporter}-{cache_key(name, tiny, batch, exporter, cfg)}"
+    path = CACHE_DIR / f"{stem}.onnx"
+    if path.exists() and path.with_suffix(".json").exists():
+        return path
+    _ensure_cache_dir()
+    module, specs, _ = build(name, tiny, batch)
+    meta = export(module, specs, path, exporter, verbose)
+    meta.update(name=name, tiny=tiny, batch=batch, exporter=exporter)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, path.with_suffix(".json"))
+    return path
+
+
+def _ensure_cache_dir() -> None:
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    ignore = CACHE_DIR / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("*\n")
+
+
+def input_specs(path: Path) -> list[InputSpec]:
+    """Input specs stored beside a cached export."""
+    meta = json.loads(Path(path).with_suffix(".json").read_text())
+    return [InputSpec(s["name"], tuple(s["shape"]), s["dtype"], s["kind"], s["high"])
+            for s in meta["inputs"]]
+
+
+def export(module, specs: list[InputSpec], path: Path, exporter: str,
+           verbose: bool = False) -> dict:
+    """torch.onnx.export at opset 17 into ``path`` (one file, no external data); check that
+    ONNX Runtime loads it and agrees with torch. Returns metadata for the cache."""
+    import onnx
+    import torch
+    example = random_inputs(specs, np.random.default_rng(SEED))
+    args = tuple(torch.from_numpy(example[s.name]) for s in specs)
+    tmp = path.with_name(path.stem + f".{os.getpid()}.tmp.onnx")
+    start = time.perf_counter()
+    quiet = contextlib.nullcontext() if verbose else _quiet()
+    with quiet, torch.no_grad():
+        kwargs = dict(opset_version=OPSET, input_names=[s.name for s in specs],
+                      output_names=["output"])
+        if exporter == "dynamo":
+            torch.onnx.export(module, args, str(tmp), dynamo=True, external_data=False,
+                              verbose=False, **kwargs)
+        elif exporter == "torchscript":
+            torch.onnx.export(module, args, str(tmp), dynamo=False, **kwargs)
+        else:
+            raise ValueError(f"exporter {exporter!r}: use 'dynamo' or 'torchscript'")
+        expected = module(*args).numpy()
+    seconds = time.perf_counter() - start
+    proto = onnx.load(str(tmp))
+    got = _ort_run(str(tmp), example)[0]
+    os.replace(tmp, path)
+    return {"inputs": [asdict(s) for s in specs], "export_seconds": round(seconds, 2),
+            "ir_version": proto.ir_version,
+            "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
+            "op_histogram": dict(op_histogram(proto).most_common()),
+            "nodes": len(proto.graph.node), "torch_vs_ort_max_abs": float(np.abs(got - expected).max())}
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The exporters print progress and warnings on stdout/stderr; keep the CLI readable."""
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import logging
+        level = logging.root.manager.disable
+        logging.disable(logging.WARNING)
+        try:
+            yield
+        finally:
+            logging.disable(level)
+
+
+def op_histogram(model) -> Counter:
+    """Op-type counts of an ONNX model (path or ModelProto), 'domain::Op' outside ai.onnx."""
+    import onnx
+    proto = onnx.load(str(model), load_external_data=False) if not hasattr(model, "graph") else model
+    return Counter(f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                   for n in proto.graph.node)
+
+
+def _ort_run(path: str, inputs: dict) -> list[np.ndarray]:
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = os.cpu_count() or 1
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, inputs)
+
+
+# ----------------------------------------------------------------------------- compile + measure
+
+@contextlib.contextmanager
+def _time_c_build(sink: dict):
+    """Time the C compiler call inside deploy.compile (its "render+build" stage is one lap)."""
+    from deploy import compiler
+    original = compiler.build_shared_library
+
+    def timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return original(*a, **k)
+        finally:
+            sink["c_build"] = sink.get("c_build", 0.0) + time.perf_counter() - t
+
+    compiler.build_shared_library = timed
+    try:
+        yield
+    finally:
+        compiler.build_shared_library = original
+
+
+def measure(path: Path, runs: int = 5, seed: int = 1) -> dict:
+    """Compile ``path`` for host (no tuning), run it, compare with ORT on fresh random inputs."""
+    import deploy
+    specs = input_specs(path)
+    inputs = random_inputs(specs, np.random.default_rng(seed))
+    c_build: dict = {}
+    start = time.perf_counter()
+    with _time_c_build(c_build):
+        art = deploy.compile(str(path), target="host")
+    wall = time.perf_counter() - start
+    stages = dict(art.timings)
+    if "render+build" in stages and "c_build" in c_build:
+        stages["render"] = round(stages["render+build"] - c_build["c_build"], 3)
+        stages["c_build"] = round(c_build["c_build"], 3)
+    mod = art.load()
+    ours = mod.run(inputs)
+    lat = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        mod.run(inputs)
+        lat.append(time.perf_counter() - t)
+    ref = _ort_run(str(path), inputs)
+    ort_lat = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        _ort_run_cached(str(path), inputs)
+        ort_lat.append(time.perf_counter() - t)
+    return {"compile_wall_s": round(wall, 2), "stages_s": stages,
+            "kernels": art.manifest.get("kernel_count"),
+            "latency_ms_median": round(1e3 * float(np.median(lat)), 2),
+            "ort_latency_ms_median": round(1e3 * float(np.median(ort_lat)), 2),
+            **errors(ours, ref)}
+
+
+_SESSIONS: dict = {}
+
+
+def _ort_run_cached(path: str, inputs: dict) -> list[np.ndarray]:
+    import onnxruntime as ort
+    if path not in _SESSIONS:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = os.cpu_count() or 1
+        _SESSIONS[path] = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    return _SESSIONS[path].run(None, inputs)
+
+
+def errors(ours: list[np.ndarray], ref: list[np.ndarray]) -> dict:
+    """Max abs error, max rel error (|d| / max(|ref|, 1e-6) over elements), and whether it passes
+    rtol 1e-3 / atol 1e-4 (numpy.allclose semantics)."""
+    abs_err = max(float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(ours, ref))
+    rel_err = max(float((np.abs(a.astype(np.float64) - b) / np.maximum(np.abs(b), 1e-6)).max())
+                  for a, b in zip(ours, ref))
+    ok = all(a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=1e-4)
+             for a, b in zip(ours, ref))
+    return {"max_abs_err": abs_err, "max_rel_err": rel_err, "allclose_1e-3_1e-4": ok}
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def _print_histogram(path: Path) -> None:
+    meta = json.loads(path.with_suffix(".json").read_text())
+    print(f"{meta['name']}{' (tiny)' if meta['tiny'] else ''} batch {meta['batch']}: {path}")
+    print(f"  exporter {meta['exporter']}, IR {meta['ir_version']}, opsets {meta['opsets']}, "
+          f"{meta['nodes']} nodes, torch vs ORT max |d| {meta['torch_vs_ort_max_abs']:.2e}")
+    print("  inputs: " + ", ".join(f"{s['name']} {s['dtype']}{list(s['shape'])}"
+                                   for s in meta["inputs"]))
+    print("  ops: " + ", ".join(f"{op} {n}" for op, n in meta["op_histogram"].items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m deploy.bench.models", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", help=f"one of {', '.join(RECIPES)}, an alias, or 'all'")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--tiny", action="store_true", help="few layers, small widths")
+    p.add_argument("--exporter", choices=["dynamo", "torchscript"], default=None,
+                   help="default: the per-model choice in RECIPES")
+    p.add_argument("--compile", action="store_true",
+                   help="compile for host, time the stages, run, compare with ORT")
+    p.add_argument("--runs", type=int, default=5, help="timed runs with --compile")
+    p.add_argument("--verbose", action="store_true", help="show exporter output")
+    a = p.parse_args(argv)
+    names = list(RECIPES) if a.name == "all" else [a.name]
+    status = 0
+    for name in names:
+        try:
+            path = model_path(name, a.batch, a.tiny, a.exporter, a.verbose)
+        except KeyError as e:
+            print(e.args[0], file=sys.stderr)
+            return 2
+        _print_histogram(path)
+        if a.compile:
+            try:
+                print("  " + json.dumps(measure(path, a.runs)))
+            except Exception as e:  # report and go on to the next model
+                status = 1
+                print(f"  compile/run FAILED: {type(e).__name__}: {e}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Fusion: partition the graph into groups, each becoming one ``Fused`` node (one kernel).
+
+Rules (greedy, in topological order; a node joins the group of one of its producers when allowed):
+  light  = elementwise / movement ops (Reshape stays a free view and is never fused)
+  - a light node joins any light group (elementwise chains, broadcast and transpose as indexing);
+  - a light elementwise node joins a contraction or reduction group as its epilogue when its
+    output has the group's output shape (bias, activation, residual add, scaling);
+  - a reduction joins a light group as its prologue (x*x before a sum, exp before a sum);
+  - Softmax joins a contraction group (QK^T -> scale -> mask -> softmax), and then a MatMul
+    joins that group: the attention pattern as one unit.
+No group may depend on itself through outside nodes (checked), so the groups form a DAG.
+Before: ``Conv -> Mul -> Add -> Relu``  After: ``Fused[contraction](Conv, Mul, Add, Relu)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..graph import Graph, Node, Value
+from ..ops import Kind, get
+
+LIGHT = {Kind.ELEMENTWISE, Kind.MOVEMENT}
+SOFTMAX_OPS = {"Softmax"}
+
+
+@dataclass(eq=False)
+class Group:
+    nodes: list[Node] = field(default_factory=list)
+    pattern: str = "elementwise"  # elementwise | reduction | contraction | attention-scores | attention
+    deps: set = field(default_factory=set)  # groups this one depends on (transitively)
+    out_shape: tuple = ()
+
+
+def _is_view(n: Node) -> bool:
+    return n.op.name == "Reshape"
+
+
+def _fusible(n: Node) -> bool:
+    return not _is_view(n) and n.op.kind is not Kind.HOST and n.op.name != "Fused"
+
+
+def _pattern_after_join(g: Group, n: Node) -> str | None:
+    """The group's pattern if ``n`` joins it, or None if the rules forbid it."""
+    kind, shape = n.op.kind, tuple(n.outputs[0].shape)
+    if kind in LIGHT:
+        if g.pattern == "elementwise":
+            return g.pattern
+        if kind is Kind.ELEMENTWISE and shape == g.out_shape and len(n.outputs) == 1:
+            return g.pattern
+        return None
+    if kind is Kind.REDUCTION and g.pattern == "elementwise":
+        return "reduction"
+    if n.op.name in SOFTMAX_OPS and g.pattern == "contraction":
+        return "attention-scores"
+    if kind is Kind.CONTRACTION and g.pattern == "attention-scores" and n.op.name == "MatMul":
+        return "attention"
+    return None
+
+
+def _initial_pattern(n: Node) -> str:
+    return {Kind.REDUCTION: "reduction", Kind.CONTRACTION: "contraction"}.get(n.op.kind, "elementwise") \
+        if n.op.kind is not Kind.OPAQUE else "opaque"
+
+
+def partition(g: Graph) -> list[Group]:
+    producer_group: dict[Value, Group] = {}
+    groups: list[Group] = []
+    for n in g.nodes:
+        in_groups = [producer_group[v] for v in n.inputs if v is not None and v in producer_group]
+        target = None
+        if _fusible(n):
+            for cand in dict.fromkeys(in_groups):
+                pattern = _pattern_after_join(cand, n)
+                if pattern is None or any(cand in other.deps for other in in_groups
+                                          if other is not cand):
+                    continue
+                target = cand
+                target.pattern = pattern
+                break
+        if target is None:
+            target = Group(pattern=_initial_pattern(n))
+            groups.append(target)
+        target.nodes.append(n)
+        target.out_shape = tuple(n.outputs[0].shape) if n.outputs else ()
+        for other in in_groups:
+            if other is not target:
+                target.deps |= other.deps | {other}
+        for v in n.outputs:
+            producer_group[v] = target
+    return _toposort(groups, producer_group)
+
+
+def _toposort(groups: list[Group], producer_group: dict) -> list[Group]:
+    order, done = [], set()
+    pending = list(groups)
+    while pending:
+        rest = []
+        for gr in pending:
+            needs = {producer_group[v] for n in gr.nodes for v in n.inputs
+                     if v is not None and v in producer_group} - {gr}
+            if needs <= done:
+                order.append(gr)
+                done.add(gr)
+            else:
+                rest.append(gr)
+        if len(rest) == len(pending):
+            raise AssertionError("fusion produced a cyclic group graph")
+        pending = rest
+    return order
+
+
+def fuse(g: Graph, target=None) -> Graph:
+    groups = partition(g)
+    users: dict[Value, set] = {}
+    group_of = {n: gr for gr in groups for n in gr.nodes}
+    for n in g.nodes:
+        for v in n.inputs:
+            if v is not None:
+                users.setdefault(v, set()).add(group_of[n])
+    graph_outputs = set(g.outputs)
+    nodes = []
+    for gr in groups:
+        if len(gr.nodes) == 1 and (not _fusible(gr.nodes[0]) or gr.pattern == "opaque"):
+            nodes.append(gr.nodes[0])
+            continue
+        nodes.append(_make_fused(gr, users, graph_outputs))
+    return Graph(g.inputs, g.outputs, nodes, g.constants, g.name, g.output_names)
+
+
+def _make_fused(gr: Group, users, graph_outputs) -> Node:
+    inside = {v for n in gr.nodes for v in n.outputs}
+    ext_inputs = list(dict.fromkeys(v for n in gr.nodes for v in n.inputs
+                                    if v is not None and v not in inside))
+    outputs = [v for n in gr.nodes for v in n.outputs
+               if v in graph_outputs or (users.get(v, set()) - {gr})]
+    # constants stay in the outer graph and enter the group as inputs (they become weights)
+    body = Graph(ext_inputs, outputs, list(gr.nodes), {}, name="+".join(n.name for n in gr.nodes))
+    return Node(get("Fused"), tuple(ext_inputs), tuple(outputs),
+                {"body": body, "pattern": gr.pattern}, name=gr.nodes[-1].name)

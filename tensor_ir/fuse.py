@@ -1,0 +1,109 @@
+"""Lower a ``Fused`` graph node to one Kernel: lower each member node, rename its buffers and
+variables into one namespace, then inline producer stages into their consumers where that costs
+no recomputation of reductions (``inline``). Intermediates that cannot be inlined stay as
+temporaries inside the kernel."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph_ir.graph import Node, Value
+from .expr import Load, Reduce, Var, substitute, transform, walk
+from .kernel import Buffer, Kernel, Stage
+from .lower import lower_node
+
+
+def lower_fused(node: Node, name: str, constants: dict[Value, np.ndarray]) -> Kernel:
+    body = node.attrs["body"]
+    names: dict[Value, str] = {v: f"in{k}" for k, v in enumerate(node.inputs)}
+    names.update({v: f"out{k}" for k, v in enumerate(node.outputs)})
+    inputs = [Buffer(names[v], tuple(v.shape), v.dtype) for v in node.inputs]
+    outputs = [Buffer(names[v], tuple(v.shape), v.dtype) for v in node.outputs]
+    temps: list[Buffer] = []
+    stages: list[Stage] = []
+    for idx, member in enumerate(body.nodes):
+        for v in member.outputs:
+            if v not in names:
+                names[v] = f"v{len(names)}"
+                temps.append(Buffer(names[v], tuple(v.shape), v.dtype))
+        consts = {k: constants[v] for k, v in enumerate(member.inputs) if v in constants}
+        sub = lower_node(member, name, consts)
+        rename = {f"in{k}": names[v] for k, v in enumerate(member.inputs) if v is not None}
+        rename.update({f"out{k}": names[v] for k, v in enumerate(member.outputs)})
+        for t in sub.temps:
+            rename[t.name] = f"n{idx}_{t.name}"
+            temps.append(Buffer(rename[t.name], t.shape, t.dtype))
+        stages += [_rename_stage(s, rename, f"n{idx}_") for s in sub.stages]
+    note = f"{node.attrs['pattern']}: " + ", ".join(f"{n.op.name} {n.name}" for n in body.nodes)
+    kernel = Kernel(name, inputs, outputs, temps, stages, note=note)
+    return inline(kernel)
+
+
+def _rename_stage(s: Stage, bufs: dict[str, str], prefix: str) -> Stage:
+    def fn(e):
+        if isinstance(e, Var):
+            return Var(prefix + e.name)
+        if isinstance(e, Load):
+            return Load(bufs.get(e.buf, e.buf), e.index, e.dtype)
+        return None
+    new_vars = tuple(Var(prefix + v.name) for v in s.vars)
+    index = None if s.store_index is None else tuple(transform(i, fn) for i in s.store_index)
+    return Stage(bufs.get(s.out, s.out), new_vars, s.extents, transform(s.body, fn), index,
+                 s.accumulate)
+
+
+def _loads_of(stages, buf: str):
+    for k, s in enumerate(stages):
+        exprs = [s.body] + list(s.store_index or ())
+        for e in exprs:
+            for x in walk(e):
+                if isinstance(x, Load) and x.buf == buf:
+                    yield k, x
+
+
+def _inlinable(kernel: Kernel, k: int, stage: Stage) -> bool:
+    temp_names = {t.name for t in kernel.temps}
+    if stage.out not in temp_names or stage.store_index is not None:
+        return False
+    if sum(1 for s in kernel.stages if s.out == stage.out) != 1:
+        return False
+    if not any(isinstance(x, Reduce) for x in walk(stage.body)):
+        return True  # cheap: recomputing an elementwise body is fine
+    uses = list(_loads_of(kernel.stages, stage.out))
+    if len(uses) != 1:
+        return False
+    c, load = uses[0]
+    consumer = kernel.stages[c]
+    # a reduction is inlined only where it is read once per point, at the same point
+    return (consumer.extents == stage.extents and load.index == consumer.vars
+            and not any(isinstance(x, Reduce) and load in set(walk(x))
+                        for x in walk(consumer.body)))
+
+
+def inline(kernel: Kernel) -> Kernel:
+    """Substitute single-writer temporaries into the stages that read them, when cheap."""
+    changed = True
+    while changed:
+        changed = False
+        for k, stage in enumerate(kernel.stages):
+            if not _inlinable(kernel, k, stage):
+                continue
+            kernel = _inline_one(kernel, k, stage)
+            changed = True
+            break
+    return kernel
+
+
+def _inline_one(kernel: Kernel, k: int, stage: Stage) -> Kernel:
+    def fn(e):
+        if isinstance(e, Load) and e.buf == stage.out:
+            return substitute(stage.body, dict(zip(stage.vars, e.index)))
+        return None
+
+    stages = []
+    for j, s in enumerate(kernel.stages):
+        if j == k:
+            continue
+        index = None if s.store_index is None else tuple(transform(i, fn) for i in s.store_index)
+        stages.append(Stage(s.out, s.vars, s.extents, transform(s.body, fn), index, s.accumulate))
+    temps = [t for t in kernel.temps if t.name != stage.out]
+    return Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages, kernel.note)
