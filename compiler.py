@@ -108,6 +108,15 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
     return Artifact(manifest, members, graph, timings)
 
 
+def lower_only(model, target: str | Target = "host", shapes: dict | None = None) -> Plan:
+    """Import, optimize and lower to kernels without building C (``deploy check``); raises the
+    same errors as ``compile`` would up to that point."""
+    tgt = load_target(target)
+    graph, _ = import_model(model, shapes)
+    graph, _ = run_pipeline(graph, tgt, None)
+    return _plan(graph)
+
+
 def _check_supported(tgt: Target, tune: str) -> None:
     """Refuse, with a clear message, what this build of deploy cannot do yet."""
     if tgt.backend != "c":

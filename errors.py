@@ -40,6 +40,12 @@ class ArtifactError(DeployError):
     """An artifact file is missing, corrupt, or from an incompatible format version."""
 
 
+class UsageError(DeployError):
+    """A command-line argument is malformed (e.g. ``--shape x=1x3y``)."""
+
+    exit_code = 2
+
+
 class NotImplementedYetError(DeployError):
     """A documented option or backend that deploy does not implement yet (e.g. ``--tune quick``)."""
 

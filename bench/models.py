@@ -29,7 +29,7 @@ import numpy as np
 
 SEED = 0
 OPSET = 17
-FORMAT = 1  # bump to invalidate every cached export
+FORMAT = 2  # bump to invalidate every cached export
 CACHE_DIR = Path(os.environ.get("DEPLOY_MODELS_DIR", Path(__file__).resolve().parent / ".models"))
 
 
@@ -108,8 +108,7 @@ def _gpt2_small(tiny: bool):
 
 
 def _image_inputs(cfg, batch: int, tiny: bool) -> list[InputSpec]:
-    size = getattr(cfg, "image_size", 224) if tiny else 224
-    size = 32 if tiny else size
+    size = 32 if tiny else getattr(cfg, "image_size", 224)
     return [InputSpec("pixel_values", (batch, 3, size, size), "float32", "image")]
 
 
@@ -159,24 +158,27 @@ def build(name: str, tiny: bool = False, batch: int = 1):
     cfg = r.config(tiny)
     torch.manual_seed(SEED)
     model = getattr(transformers, r.model_class)(cfg).eval()
-    _randomize_norm_stats(model)
+    _randomize_constant_params(model)
     specs = r.inputs(cfg, batch, tiny)
-    return _SingleOutput(model, [s.name for s in specs], r.output).eval(), specs, cfg
+    return _single_output(model, [s.name for s in specs], r.output).eval(), specs, cfg
 
 
-def _randomize_norm_stats(model) -> None:
-    """BatchNorm running stats are 0/1 after init; draw them so BN folding is really tested."""
+def _randomize_constant_params(model) -> None:
+    """Fresh inits leave biases at 0, norm scales at 1 and BatchNorm stats at 0/1, which would let
+    a wrong bias, scale or BN fold pass unnoticed: perturb every such tensor (seeded)."""
     import torch
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            with torch.no_grad():
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() > 1 and bool((p == p.reshape(-1)[0]).all()):
+                p.add_(torch.randn_like(p) * 0.05)
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                 m.running_mean.normal_(0.0, 0.1)
                 m.running_var.uniform_(0.5, 1.5)
-                m.weight.normal_(1.0, 0.1)
-                m.bias.normal_(0.0, 0.1)
 
 
-def _single_output_class():
+def _single_output(model, names: list[str], output: str):
+    """Wrap a transformers model: positional inputs in, one named output tensor out."""
     import torch
 
     class SingleOutput(torch.nn.Module):
@@ -189,11 +191,7 @@ def _single_output_class():
         def forward(self, *args):
             return getattr(self.model(**dict(zip(self.names, args))), self.output)
 
-    return SingleOutput
-
-
-def _SingleOutput(model, names, output):  # noqa: N802 - builds the torch class lazily
-    return _single_output_class()(model, names, output)
+    return SingleOutput(model, names, output)
 
 
 def random_inputs(specs: list[InputSpec], rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -12,11 +12,15 @@ def _attr(v) -> str:
     if isinstance(v, float):
         return repr(v)
     if isinstance(v, Graph):
-        return f"graph({v.name})"
+        return f"<{len(v.nodes)} nodes>"
     return str(v)
 
 
-def print_graph(g: Graph) -> str:
+def print_graph(g: Graph, indent: str = "") -> str:
+    return "".join(indent + line + "\n" for line in _lines(g))
+
+
+def _lines(g: Graph) -> list[str]:
     lines = [f"graph {g.name}("]
     lines += [f"  %{v.name}: {v.type}," for v in g.inputs]
     lines.append(") {")
@@ -28,6 +32,8 @@ def print_graph(g: Graph) -> str:
         attrs = ", ".join(f"{k}={_attr(v)}" for k, v in n.attrs.items())
         lines.append(f"  {outs} = {n.op.name}({ins}){' {' + attrs + '}' if attrs else ''}"
                      f"  # {n.name}")
+        if n.op.name == "Fused":
+            lines += ["    " + line for line in _lines(n.attrs["body"])]
     lines.append("  return " + ", ".join(f"%{v.name}" for v in g.outputs))
     lines.append("}")
-    return "\n".join(lines) + "\n"
+    return lines

@@ -22,3 +22,9 @@ def host_op(name: str):
 @host_op("NonZero")
 def nonzero(ins, attrs):
     return [np.array(np.nonzero(ins[0]), dtype=np.int64).reshape(ins[0].ndim, -1)]
+
+
+@host_op("Compress")
+def compress(ins, attrs):
+    x, cond = ins
+    return [np.compress(np.asarray(cond).reshape(-1).astype(bool), x, axis=attrs["axis"])]

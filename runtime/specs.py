@@ -40,9 +40,12 @@ def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
     for spec, arr in zip(specs, given):
         arr = np.asarray(arr)
         if arr.dtype != np.dtype(spec.dtype) and not (spec.dtype == "bool" and arr.dtype == bool):
-            raise InputError(f"input '{spec.name}': expected dtype {spec.dtype}, got {arr.dtype}")
+            raise InputError(f"input '{spec.name}': expected dtype {spec.dtype}, got {arr.dtype} "
+                             f"(convert with .astype('{spec.dtype}'))")
         if tuple(arr.shape) != tuple(spec.shape):
+            dims = "x".join(map(str, arr.shape))
             raise InputError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
-                             f"got {list(arr.shape)}")
+                             f"got {list(arr.shape)} (the artifact is compiled for fixed shapes; "
+                             f"recompile with --shape {spec.name}={dims} for this one)")
         out.append(np.ascontiguousarray(arr))
     return out

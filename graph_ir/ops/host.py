@@ -16,3 +16,13 @@ def host(name: str, shape_rule, dtype_rule, **attrs):
 # The output length is unknown until run time: a named symbolic dim.
 NonZero = host("NonZero", lambda ins, a: [(len(ins[0].shape), "nonzero_count")],
                lambda ins, a: [DType.int64])
+
+
+def _compress_shape(ins, a):
+    shape = list(ins[0].shape)
+    shape[a["axis"]] = "compress_count"
+    return [tuple(shape)]
+
+
+# Compress with a runtime condition: the kept length is known only from the data.
+Compress = host("Compress", _compress_shape, lambda ins, a: [ins[0].dtype], axis=0)

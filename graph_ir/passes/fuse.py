@@ -64,6 +64,7 @@ def _initial_pattern(n: Node) -> str:
 def partition(g: Graph) -> list[Group]:
     producer_group: dict[Value, Group] = {}
     groups: list[Group] = []
+    order = {n: k for k, n in enumerate(g.nodes)}
     for n in g.nodes:
         in_groups = [producer_group[v] for v in n.inputs if v is not None and v in producer_group]
         target = None
@@ -79,6 +80,10 @@ def partition(g: Graph) -> list[Group]:
         if target is None:
             target = Group(pattern=_initial_pattern(n))
             groups.append(target)
+        elif target.pattern == "elementwise":
+            for other in dict.fromkeys(in_groups):
+                if _can_merge(target, other):
+                    _merge(target, other, groups, producer_group, order)
         target.nodes.append(n)
         target.out_shape = tuple(n.outputs[0].shape) if n.outputs else ()
         for other in in_groups:
@@ -87,6 +92,25 @@ def partition(g: Graph) -> list[Group]:
         for v in n.outputs:
             producer_group[v] = target
     return _toposort(groups, producer_group)
+
+
+def _can_merge(a: Group, b: Group) -> bool:
+    # two independent elementwise groups feeding one node become one (x*0.5 and erf(x/s2))
+    return (a is not b and b.pattern == "elementwise" and a not in b.deps and b not in a.deps)
+
+
+def _merge(into: Group, other: Group, groups: list[Group], producer_group: dict,
+           order: dict[Node, int]) -> None:
+    into.nodes = sorted(into.nodes + other.nodes, key=order.__getitem__)
+    into.deps |= other.deps
+    groups.remove(other)
+    for v, gr in producer_group.items():
+        if gr is other:
+            producer_group[v] = into
+    for gr in groups:
+        if other in gr.deps:
+            gr.deps.discard(other)
+            gr.deps.add(into)
 
 
 def _toposort(groups: list[Group], producer_group: dict) -> list[Group]:

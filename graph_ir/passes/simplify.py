@@ -9,6 +9,7 @@ import numpy as np
 
 from ..graph import Graph, Node, Value
 from ..types import DType
+from .dce import dce
 from .rewrite import Rewriter, rewrite
 
 
@@ -95,4 +96,4 @@ RULES = [
 
 def simplify(g: Graph, target=None) -> Graph:
     g, _ = rewrite(g, RULES)
-    return g
+    return dce(g)  # rewrites leave their old producers dead

@@ -7,8 +7,9 @@ ScatterND ...) is a ``Load`` of the indices buffer inside the index expression.
 from __future__ import annotations
 
 from ...graph_ir import ops
+from ...graph_ir.types import DType
 from ..expr import B, INDEX, Expr, R, Reduce, binary, cast, const, select
-from ..kernel import Buffer, compute, reduce_vars, scatter
+from ..kernel import compute, reduce_vars, scatter
 from .elementwise import broadcast_index
 from .registry import LowerCtx, lowering
 
@@ -198,7 +199,7 @@ def lower_full(ctx: LowerCtx):
 @lowering(mv.Range)
 def lower_range(ctx: LowerCtx):
     out = ctx.out
-    wide = ops.registry.DType.float64 if out.dtype.is_float else INDEX
+    wide = DType.float64 if out.dtype.is_float else INDEX
     start, delta = const(ctx.attr("start"), wide), const(ctx.attr("delta"), wide)
     # out[i] = start + i * delta, computed wide and rounded once
     return [compute(out, lambda i: cast(start + cast(i, wide) * delta, out.dtype))]
@@ -250,24 +251,31 @@ def lower_col2im(ctx: LowerCtx):
     x, out = ctx.ins[0], ctx.out
     image, block = ctx.attr("image_shape"), ctx.attr("block_shape")
     dil, pads, strides = ctx.attr("dilations"), ctx.attr("pads"), ctx.attr("strides")
-    r = len(image)
     nblk = mv.col2im_blocks(image, block, dil, pads, strides)
-    xv = Buffer(x.name, (x.shape[0], out.shape[1]) + tuple(block) + tuple(nblk), x.dtype)
-    acc = out.dtype if out.dtype.is_float else out.dtype
+    kn = x.shape[1] // out.shape[1]
 
     def body(n, c, *pos):
         rv = reduce_vars(block, "k")
         ks = [v for v, _ in rv]
         conds, blocks = [], []
         # pos = blk * stride - pad + k * dil  ->  blk = (pos + pad - k * dil) / stride
-        for i in range(r):
-            t = pos[i] + pads[i] - ks[i] * dil[i]
-            blk = t // strides[i] if strides[i] != 1 else t
+        for i, (p, kv) in enumerate(zip(pos, ks)):
+            t = p + pads[i] - kv * dil[i]
+            blk = t // strides[i]
             conds += [t >= 0, blk < nblk[i]]
             if strides[i] != 1:
                 conds.append(binary(B.EQ, t % strides[i], 0))
             blocks.append(blk)
-        val = select(_all(conds), cast(xv[(n, c) + tuple(ks) + tuple(blocks)], acc), const(0, acc))
-        return cast(Reduce(R.SUM, rv, val, acc), out.dtype)
+        val = select(_all(conds), x[n, c * kn + _flat(ks, block), _flat(blocks, nblk)],
+                     const(0, x.dtype))
+        return Reduce(R.SUM, rv, val, x.dtype)
 
     return [compute(out, body)]
+
+
+def _flat(index, shape) -> Expr:
+    """Row-major flat offset of ``index`` in ``shape``."""
+    flat = const(0, INDEX)
+    for i, n in zip(index, shape):
+        flat = flat * n + i
+    return flat

@@ -125,8 +125,6 @@ def lower_topk(ctx: LowerCtx):
     n, k = x.shape[axis], ctx.attr("k")
     largest = bool(ctx.attr("largest"))
     worst = lowest(x.dtype.np) if largest else highest(x.dtype.np)
-    if x.dtype is DType.bfloat16:
-        worst = float(worst) if largest else float(worst)
     better = B.GT if largest else B.LT
 
     def at(vs, i):
