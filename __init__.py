@@ -18,7 +18,10 @@ from .runtime import Module, load  # noqa: E402
 
 
 def compile(model, target="host", **options):
-    """Compile a model (path to .onnx/.pt2, onnx.ModelProto, ExportedProgram) for ``target``."""
+    """Compile a model (path to .onnx/.pt2, onnx.ModelProto, ExportedProgram) for ``target``.
+
+    A torch ``nn.Module`` is exported for you: ``deploy.compile(module, example_inputs=(x,),
+    dynamic_shapes={"x": {0: torch.export.Dim("batch")}})``."""
     from .compiler import compile as _compile
     return _compile(model, target=target, **options)
 

@@ -55,15 +55,20 @@ class Artifact:
         return load(self.save(path))
 
 
-def import_model(model, shapes=None, constant_inputs=None) -> tuple[Graph, dict]:
+def _is_torch(model) -> bool:
+    """A torch object (ExportedProgram, nn.Module) or a .pt2 path, told apart without torch."""
+    if isinstance(model, (str, os.PathLike)):
+        return str(model).endswith(".pt2")
+    return any(c.__module__.split(".")[0] == "torch" for c in type(model).__mro__)
+
+
+def import_model(model, shapes=None, constant_inputs=None, example_inputs=None,
+                 dynamic_shapes=None) -> tuple[Graph, dict]:
     """Any supported model form -> graph IR."""
-    name = type(model).__name__
-    if name in ("ExportedProgram", "Module") or hasattr(model, "graph_module"):
-        from .frontends.torch import import_torch  # optional dependency
-        return import_torch(model, shapes=shapes)
-    if isinstance(model, (str, os.PathLike)) and str(model).endswith(".pt2"):
-        from .frontends.torch import import_torch
-        return import_torch(model, shapes=shapes)
+    if _is_torch(model):
+        from .frontends.torch import import_torch  # optional dependency: torch only here
+        return import_torch(model, shapes=shapes, example_inputs=example_inputs,
+                            dynamic_shapes=dynamic_shapes)
     from .frontends.onnx import import_onnx
     source = str(model) if isinstance(model, (str, os.PathLike)) else "model"
     return import_onnx(model, shapes=shapes, constant_inputs=constant_inputs, source=source)
@@ -71,8 +76,10 @@ def import_model(model, shapes=None, constant_inputs=None) -> tuple[Graph, dict]
 
 def compile(model, target: str | Target = "host", shapes: dict | None = None,
             dump_dir: str | None = None, constant_inputs: dict | None = None,
-            tune: str = "none", **options) -> Artifact:
-    """Compile ``model`` (path, onnx.ModelProto, or ExportedProgram) for ``target``."""
+            tune: str = "none", example_inputs=None, dynamic_shapes=None,
+            **options) -> Artifact:
+    """Compile ``model`` (path to .onnx/.pt2, onnx.ModelProto, ExportedProgram, or an nn.Module
+    with ``example_inputs`` and optional ``dynamic_shapes``, exported for the caller)."""
     timings: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -84,7 +91,7 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
 
     tgt = load_target(target)
     _check_supported(tgt, tune)
-    graph, report = import_model(model, shapes, constant_inputs)
+    graph, report = import_model(model, shapes, constant_inputs, example_inputs, dynamic_shapes)
     lap("import")
     dump = Path(dump_dir) if dump_dir else None
     if dump:

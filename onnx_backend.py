@@ -24,14 +24,20 @@ class DeployRep(BackendRep):
         self._const_names: set[str] = set()
 
     def run(self, inputs, **kwargs):
-        names = self._input_names()
-        if isinstance(inputs, dict):
-            feed = {k: np.asarray(v) for k, v in inputs.items()}
-        else:
-            feed = {n: np.asarray(v) for n, v in zip(names, inputs)}
+        feed = self._feed(inputs)
         module, const_names = self._compiled(feed)
         outs = module.run({k: v for k, v in feed.items() if k not in const_names})
         return tuple(outs)
+
+    def compile(self, inputs):
+        """Compile (or fetch from the cache) the module that ``run(inputs)`` would use, without
+        running it: lets callers tell compile failures from run failures."""
+        return self._compiled(self._feed(inputs))[0]
+
+    def _feed(self, inputs) -> dict:
+        if isinstance(inputs, dict):
+            return {k: np.asarray(v) for k, v in inputs.items()}
+        return {n: np.asarray(v) for n, v in zip(self._input_names(), inputs)}
 
     def _input_names(self) -> list[str]:
         inits = {t.name for t in self.model.graph.initializer}

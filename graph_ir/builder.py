@@ -44,7 +44,7 @@ class Builder:
         arr = np.asarray(array, dtype=None if dtype is None else dtype.np)
         if dtype is None:
             dtype = DType.from_np(arr.dtype)
-        arr = np.ascontiguousarray(arr)
+        arr = np.ascontiguousarray(arr).reshape(arr.shape)  # keeps 0-d arrays 0-d
         arr.setflags(write=False)
         v = Value(self.fresh(name), TensorType(tuple(int(d) for d in arr.shape), dtype))
         self.constants[v] = arr

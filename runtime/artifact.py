@@ -24,7 +24,7 @@ def sha256(data: bytes) -> str:
 
 def array_bytes(arr: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+    np.save(buf, np.ascontiguousarray(arr).reshape(np.shape(arr)), allow_pickle=False)
     return buf.getvalue()
 
 

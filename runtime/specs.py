@@ -47,5 +47,5 @@ def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
             raise InputError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
                              f"got {list(arr.shape)} (the artifact is compiled for fixed shapes; "
                              f"recompile with --shape {spec.name}={dims} for this one)")
-        out.append(np.ascontiguousarray(arr))
+        out.append(np.ascontiguousarray(arr).reshape(arr.shape))  # 0-d stays 0-d
     return out

@@ -122,7 +122,7 @@ def parse_target(path: Path) -> Target:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as e:
-        raise TargetError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+        raise TargetError(f"{path}: not valid YAML{_yaml_where(e)}") from None
     except OSError as e:
         raise TargetError(f"{path}: cannot read target file ({e.strerror})") from None
     if not isinstance(data, dict):
@@ -139,6 +139,13 @@ def parse_target(path: Path) -> Target:
     data["peak_tflops"] = tuple(sorted((str(k), float(v))
                                        for k, v in data.get("peak_tflops", {}).items()))
     return Target(**data, source=str(path))
+
+
+def _yaml_where(e: yaml.YAMLError) -> str:
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None:
+        return f" ({' '.join(str(e).split())})"
+    return f" at line {mark.line + 1}, column {mark.column + 1}: {problem or e}"
 
 
 def _check_types(data: dict) -> list[str]:

@@ -1,35 +1,236 @@
-"""ONNX converters: elementwise ops."""
+"""ONNX converters: elementwise, activation, math, logic, bitwise and comparison ops.
+
+Ops with a core row map one to one (``DIRECT``). Composite activations decompose into core
+primitives through ``Alg``, a small algebra over the builder; float16/bfloat16 composites are
+computed in float32 and rounded once at the end (as the ONNX reference does).
+"""
 from __future__ import annotations
 
+import math
+from functools import reduce
+
+import numpy as np
+
+from ...graph_ir.graph import Value
 from ...graph_ir.ops import elementwise as ew
 from ...graph_ir.types import DType
 from .registry import converter
 
 # ONNX op type -> core op, for ops that map one to one (inputs and attributes unchanged)
 DIRECT = {
-    "Add": ew.Add, "Sub": ew.Sub, "Mul": ew.Mul, "Div": ew.Div, "Neg": ew.Neg, "Relu": ew.Relu,
-    "Exp": ew.Exp, "Sqrt": ew.Sqrt, "Tanh": ew.Tanh, "Erf": ew.Erf, "Pow": ew.Pow,
-    "Where": ew.Where, "Less": ew.Less, "Equal": ew.Equal,
+    "Add": ew.Add, "Sub": ew.Sub, "Mul": ew.Mul, "Div": ew.Div, "Pow": ew.Pow,
+    "Neg": ew.Neg, "Abs": ew.Abs, "Sign": ew.Sign, "Relu": ew.Relu,
+    "Exp": ew.Exp, "Log": ew.Log, "Sqrt": ew.Sqrt, "Erf": ew.Erf, "Sigmoid": ew.Sigmoid,
+    "Sin": ew.Sin, "Cos": ew.Cos, "Tan": ew.Tan, "Asin": ew.Asin, "Acos": ew.Acos,
+    "Atan": ew.Atan, "Sinh": ew.Sinh, "Cosh": ew.Cosh, "Tanh": ew.Tanh, "Asinh": ew.Asinh,
+    "Acosh": ew.Acosh, "Atanh": ew.Atanh, "Floor": ew.Floor, "Ceil": ew.Ceil,
+    "Round": ew.Round, "BitwiseAnd": ew.BitwiseAnd, "BitwiseOr": ew.BitwiseOr,
+    "BitwiseXor": ew.BitwiseXor, "BitwiseNot": ew.BitwiseNot, "Equal": ew.Equal,
+    "Less": ew.Less, "LessOrEqual": ew.LessOrEqual, "Greater": ew.Greater,
+    "GreaterOrEqual": ew.GreaterOrEqual, "And": ew.And, "Or": ew.Or, "Xor": ew.Xor,
+    "Not": ew.Not, "IsNaN": ew.IsNaN, "Where": ew.Where,
 }
 
+LOW_PRECISION = (DType.float16, DType.bfloat16)
 
-def _direct(cx, node, ins):
+
+@converter(*DIRECT)
+def convert_direct(cx, node, ins):
+    if cx.opset < 7 and cx.attr(node, "broadcast", 0) and cx.attr(node, "axis") is not None:
+        raise NotImplementedError(f"{node.op_type} with the legacy (opset < 7) broadcast axis "
+                                  "attribute is not supported; re-export with opset >= 7")
+    for v in ins:
+        if v is not None and v.dtype is DType.string:
+            raise NotImplementedError(f"{node.op_type} on string tensors is not supported")
     return [cx.b.op(DIRECT[node.op_type], *ins, name=node.name)]
 
 
-converter(*DIRECT)(_direct)
+class Alg:
+    """Algebra over the builder for decompositions: ``g.mul(x, g.c(2, x))`` emits core ops
+    named after the ONNX node."""
+
+    def __init__(self, cx, node):
+        self.b, self.name = cx.b, node.name
+
+    def op(self, core, *ins, **attrs) -> Value:
+        return self.b.op(core, *ins, name=self.name, **attrs)
+
+    def c(self, value, like: Value) -> Value:
+        """A scalar constant of ``like``'s dtype."""
+        return self.b.const(np.asarray(value, dtype=like.dtype.np), "c", like.dtype)
+
+    def add(self, x, y): return self.op(ew.Add, x, y)
+    def sub(self, x, y): return self.op(ew.Sub, x, y)
+    def mul(self, x, y): return self.op(ew.Mul, x, y)
+    def div(self, x, y): return self.op(ew.Div, x, y)
+    def max(self, x, y): return self.op(ew.Max, x, y)
+    def min(self, x, y): return self.op(ew.Min, x, y)
+    def exp(self, x): return self.op(ew.Exp, x)
+    def log(self, x): return self.op(ew.Log, x)
+    def tanh(self, x): return self.op(ew.Tanh, x)
+    def less(self, x, y): return self.op(ew.Less, x, y)
+    def where(self, c, x, y): return self.op(ew.Where, c, x, y)
+    def cast(self, x, to: DType): return x if x.dtype is to else self.op(ew.Cast, x, to=to)
+
+    def scaled(self, x, k: float):
+        """k * x (no node for k == 1)."""
+        return x if k == 1.0 else self.mul(x, self.c(k, x))
 
 
-@converter("Max", "Min")
+def _composite(fn):
+    """Register-ready converter for a unary activation ``fn(g, x, attr) -> Value``, computed
+    in float32 for float16/bfloat16 inputs."""
+    def convert(cx, node, ins):
+        g, x = Alg(cx, node), ins[0]
+        attr = lambda key, default: cx.attr(node, key, default)  # noqa: E731
+        if x.dtype in LOW_PRECISION:
+            return [g.cast(fn(g, g.cast(x, DType.float32), attr), x.dtype)]
+        return [fn(g, x, attr)]
+    return convert
+
+
+def _softplus(g, x):
+    return g.log(g.add(g.exp(x), g.c(1, x)))  # log(exp(x) + 1)
+
+
+def _hard_sigmoid(g, x, alpha, beta):
+    # max(0, min(1, alpha*x + beta))
+    y = g.add(g.scaled(x, alpha), g.c(beta, x))
+    return g.max(g.c(0, x), g.min(g.c(1, x), y))
+
+
+ACTIVATIONS = {
+    # x < 0 ? alpha * (exp(x) - 1) : x
+    "Elu": lambda g, x, a: g.where(g.less(x, g.c(0, x)),
+                                   g.scaled(g.sub(g.exp(x), g.c(1, x)), a("alpha", 1.0)), x),
+    # gamma * (x > 0 ? x : alpha * exp(x) - alpha)
+    "Selu": lambda g, x, a: g.scaled(g.where(
+        g.less(g.c(0, x), x), x,
+        g.scaled(g.sub(g.exp(x), g.c(1, x)), a("alpha", 1.67326319217681884765625))),
+        a("gamma", 1.05070102214813232421875)),
+    # max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
+    "Celu": lambda g, x, a: g.add(g.max(g.c(0, x), x), g.min(g.c(0, x), g.scaled(
+        g.sub(g.exp(g.scaled(x, 1.0 / a("alpha", 1.0))), g.c(1, x)), a("alpha", 1.0)))),
+    # x < 0 ? alpha * x : x
+    "LeakyRelu": lambda g, x, a: g.where(g.less(x, g.c(0, x)), g.scaled(x, a("alpha", 0.01)), x),
+    # x > alpha ? x : 0
+    "ThresholdedRelu": lambda g, x, a: g.where(g.less(g.c(a("alpha", 1.0), x), x), x, g.c(0, x)),
+    "HardSigmoid": lambda g, x, a: _hard_sigmoid(g, x, a("alpha", 0.2), a("beta", 0.5)),
+    # x * hardsigmoid(x; 1/6, 1/2)
+    "HardSwish": lambda g, x, a: g.mul(x, _hard_sigmoid(g, x, 1.0 / 6.0, 0.5)),
+    "Softplus": lambda g, x, a: _softplus(g, x),
+    # x / (1 + |x|)
+    "Softsign": lambda g, x, a: g.div(x, g.add(g.c(1, x), g.op(ew.Abs, x))),
+    # x * tanh(softplus(x))
+    "Mish": lambda g, x, a: g.mul(x, g.tanh(_softplus(g, x))),
+    "Gelu": lambda g, x, a: _gelu(g, x, a("approximate", "none")),
+}
+
+
+def _gelu(g, x, approximate: str):
+    if approximate == "tanh":
+        # x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+        inner = g.add(x, g.scaled(g.mul(g.mul(x, x), x), 0.044715))
+        t = g.tanh(g.scaled(inner, math.sqrt(2.0 / math.pi)))
+    elif approximate == "none":
+        # x/2 * (1 + erf(x / sqrt(2)))
+        t = g.op(ew.Erf, g.scaled(x, 1.0 / math.sqrt(2.0)))
+    else:
+        raise ValueError(f"Gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return g.mul(g.scaled(x, 0.5), g.add(g.c(1, x), t))
+
+
+for _name, _fn in ACTIVATIONS.items():
+    converter(_name)(_composite(_fn))
+
+
+@converter("Shrink")
+def convert_shrink(cx, node, ins):
+    # x < -lambd ? x + bias : (x > lambd ? x - bias : 0)
+    g, x = Alg(cx, node), ins[0]
+    lambd, bias = float(cx.attr(node, "lambd", 0.5)), float(cx.attr(node, "bias", 0.0))
+    inner = g.where(g.less(g.c(lambd, x), x), g.sub(x, g.c(bias, x)), g.c(0, x))
+    return [g.where(g.less(x, g.c(-lambd, x)), g.add(x, g.c(bias, x)), inner)]
+
+
+@converter("PRelu")
+def convert_prelu(cx, node, ins):
+    # x < 0 ? slope * x : x   (slope broadcasts to x)
+    g, (x, slope) = Alg(cx, node), ins
+    return [g.where(g.less(x, g.c(0, x)), g.mul(x, slope), x)]
+
+
+@converter("Reciprocal")
+def convert_reciprocal(cx, node, ins):
+    g, x = Alg(cx, node), ins[0]
+    return [g.div(g.c(1, x), x)]
+
+
+@converter("Clip")
+def convert_clip(cx, node, ins):
+    # min(max(x, lo), hi); bounds are attributes before opset 11, optional inputs after
+    g, x = Alg(cx, node), ins[0]
+    if cx.opset < 11:
+        lo, hi = cx.attr(node, "min"), cx.attr(node, "max")
+        lo = None if lo is None else g.c(lo, x)
+        hi = None if hi is None else g.c(hi, x)
+    else:
+        lo, hi = (list(ins[1:]) + [None, None])[:2]
+    if lo is not None:
+        x = g.max(x, lo)
+    if hi is not None:
+        x = g.min(x, hi)
+    return [x]
+
+
+@converter("Mod")
+def convert_mod(cx, node, ins):
+    return [cx.b.op(ew.Mod, *ins, name=node.name, fmod=int(cx.attr(node, "fmod", 0)))]
+
+
+@converter("BitShift")
+def convert_bitshift(cx, node, ins):
+    direction = cx.attr(node, "direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise ValueError(f"BitShift: direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+    return [cx.b.op(ew.BitShift, *ins, name=node.name, direction=direction)]
+
+
+@converter("IsInf")
+def convert_isinf(cx, node, ins):
+    return [cx.b.op(ew.IsInf, ins[0], name=node.name,
+                    detect_negative=int(cx.attr(node, "detect_negative", 1)),
+                    detect_positive=int(cx.attr(node, "detect_positive", 1)))]
+
+
+@converter("Max", "Min", "Sum", "Mean")
 def convert_variadic(cx, node, ins):
-    op = ew.Max if node.op_type == "Max" else ew.Min
-    acc = ins[0]
-    for v in ins[1:]:
-        acc = cx.b.op(op, acc, v, name=node.name)
+    # fold left over the inputs (numpy broadcasting); Mean = Sum / n
+    g = Alg(cx, node)
+    op = {"Max": ew.Max, "Min": ew.Min, "Sum": ew.Add, "Mean": ew.Add}[node.op_type]
+    args = [v for v in ins if v is not None]
+    if not args:
+        raise ValueError(f"{node.op_type} needs at least one input")
+    acc = reduce(lambda a, b: g.op(op, a, b), args)
+    if node.op_type == "Mean" and len(args) > 1:
+        acc = g.div(acc, g.c(len(args), acc))
     return [acc]
 
 
 @converter("Cast")
 def convert_cast(cx, node, ins):
-    to = DType.from_onnx(cx.attr(node, "to"))
-    return [cx.b.op(ew.Cast, ins[0], name=node.name, to=to)]
+    to = cx.attr(node, "to")
+    to = DType[to.lower()] if isinstance(to, str) else DType.from_onnx(to)
+    return [_cast(cx, node, ins[0], to)]
+
+
+@converter("CastLike")
+def convert_castlike(cx, node, ins):
+    return [_cast(cx, node, ins[0], ins[1].dtype)]
+
+
+def _cast(cx, node, x: Value, to: DType) -> Value:
+    if DType.string in (x.dtype, to):
+        raise NotImplementedError(f"{node.op_type} from {x.dtype.name} to {to.name}: string "
+                                  "casts are not supported")
+    return cx.b.op(ew.Cast, x, name=node.name, to=to)

@@ -47,9 +47,16 @@ def aten(*targets, needs: tuple[str, ...] = (), check: Check | None = None):
 
 
 def _overloads(t):
-    if isinstance(t, torch._ops.OpOverloadPacket):
-        return [getattr(t, name) for name in t.overloads()]
+    if isinstance(t, torch._ops.OpOverloadPacket):  # its functional tensor overloads
+        return [o for o in (getattr(t, name) for name in t.overloads()) if _tensor_overload(o)]
     return [t]
+
+
+def _tensor_overload(o) -> bool:
+    """Not an out= / in-place variant, and returns tensors (not a TorchScript scalar op)."""
+    s = o._schema
+    return (not s.is_mutable and o._overloadname not in ("out", "dtype") and bool(s.returns)
+            and all("Tensor" in str(r.type) for r in s.returns))
 
 
 def op_name(target) -> str:

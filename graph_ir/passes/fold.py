@@ -25,5 +25,5 @@ def fold_constants(g: Graph, target=None) -> Graph:
             continue
         outs = n.op.reference([None if v is None else consts[v] for v in n.inputs], n.attrs)
         for v, a in zip(n.outputs, outs):
-            consts[v] = np.ascontiguousarray(np.asarray(a, dtype=v.dtype.np))
+            consts[v] = np.ascontiguousarray(np.asarray(a, dtype=v.dtype.np)).reshape(v.shape)
     return Graph(g.inputs, g.outputs, kept, consts, g.name, g.output_names)

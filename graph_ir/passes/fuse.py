@@ -41,6 +41,8 @@ def _fusible(n: Node) -> bool:
 def _pattern_after_join(g: Group, n: Node) -> str | None:
     """The group's pattern if ``n`` joins it, or None if the rules forbid it."""
     kind, shape = n.op.kind, tuple(n.outputs[0].shape)
+    if g.pattern in ("opaque", "attention"):
+        return None  # closed groups
     if kind in LIGHT:
         if g.pattern == "elementwise":
             return g.pattern
@@ -57,8 +59,10 @@ def _pattern_after_join(g: Group, n: Node) -> str | None:
 
 
 def _initial_pattern(n: Node) -> str:
-    return {Kind.REDUCTION: "reduction", Kind.CONTRACTION: "contraction"}.get(n.op.kind, "elementwise") \
-        if n.op.kind is not Kind.OPAQUE else "opaque"
+    if not _fusible(n) or n.op.kind is Kind.OPAQUE:
+        return "opaque"  # views, host ops and opaque ops stay alone
+    return {Kind.REDUCTION: "reduction", Kind.CONTRACTION: "contraction"}.get(n.op.kind,
+                                                                           "elementwise")
 
 
 def partition(g: Graph) -> list[Group]:

@@ -1,0 +1,579 @@
+"""The ``deploy`` command line (also ``python -m deploy``).
+
+    deploy compile MODEL [--target T] [-o OUT] [--shape NAME=1x3x224x224 ...]
+    deploy run ARTIFACT [--inputs in.npz] [--outputs out.npz] [--check MODEL.onnx]
+    deploy bench ARTIFACT [--compare ort [MODEL.onnx]] [--warmup N] [--runs N]
+    deploy check MODEL [--target T]
+    deploy inspect ARTIFACT [--json]
+    deploy targets [show NAME]
+    deploy tune MODEL --target T [--budget 10m]
+
+Exit code 0 on success. A user error prints one paragraph on stderr and exits non-zero, without
+a traceback (``--debug`` or ``DEPLOY_DEBUG>=2`` shows it). ``run``, ``bench`` and ``inspect``
+use the runtime only; they never import the compiler.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, config
+from .errors import DeployError, InputError, NotImplementedYetError, UsageError
+
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a deploy bug, not a user error
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``deploy`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    debug = args.debug or config.debug_level() >= 2
+    try:
+        return int(args.func(args) or 0)
+    except DeployError as e:
+        return _fail(str(e), e.exit_code, debug)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001  (last resort: never a bare traceback)
+        where = getattr(e, "where", "")
+        if type(e).__name__ == "NeedsConstant":
+            return _fail(f"{where + ': ' if where else ''}{e}. deploy compiles static graphs: "
+                         "values that decide shapes must be constants or computable from the "
+                         "input shapes (see --shape)", 1, debug)
+        return _fail(f"internal error (a deploy bug): {type(e).__name__}: {e}. Rerun with "
+                     "--debug for the traceback and please report it.", EXIT_INTERNAL, debug)
+
+
+def _fail(message: str, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"deploy: error: {message}", file=sys.stderr)
+    return code
+
+
+# ---- argument parsing ----------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks for errors")
+    p = argparse.ArgumentParser(prog="deploy", description="Compile models to one artifact; "
+                                "load and run it anywhere with the small runtime.")
+    p.add_argument("--version", action="version", version=f"deploy {__version__}")
+    p.add_argument("--debug", action="store_true", default=False, help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_compile, _add_run, _add_bench, _add_check, _add_inspect, _add_targets,
+                _add_tune):
+        add(sub, common)
+    return p
+
+
+def _add_compile(sub, common) -> None:
+    c = sub.add_parser("compile", parents=[common], help="compile a model to a .dpk artifact")
+    c.add_argument("model", help="model file: .onnx (or a torch.export .pt2)")
+    _target_arg(c)
+    c.add_argument("-o", "--output", help="artifact path (default: MODEL's stem + .dpk, here)")
+    c.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                   help="bind an input's shape, e.g. input=1x3x224x224 (repeatable)")
+    c.add_argument("--dtype", help="compute dtype, e.g. fp16 (not implemented yet)")
+    c.add_argument("--tune", choices=["none", "quick", "full"], default="none",
+                   help="autotuning level (only 'none' is implemented yet)")
+    c.add_argument("--tuning-db", help="tuning records database (not implemented yet)")
+    c.add_argument("--dump-dir", default=config.dump_dir(),
+                   help="write every intermediate (graph per pass, C source) here "
+                        "(default: $DEPLOY_DUMP_DIR)")
+    c.set_defaults(func=cmd_compile)
+
+
+def _add_run(sub, common) -> None:
+    r = sub.add_parser("run", parents=[common], help="run an artifact once and summarize outputs")
+    r.add_argument("artifact")
+    r.add_argument("--inputs", help=".npz with one array per input name (default: random)")
+    r.add_argument("--outputs", help="write the outputs to this .npz (keys: output names)")
+    r.add_argument("--check", metavar="MODEL.onnx", help="compare with ONNX Runtime on MODEL")
+    r.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
+    r.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    r.set_defaults(func=cmd_run)
+
+
+def _add_bench(sub, common) -> None:
+    b = sub.add_parser("bench", parents=[common], help="latency percentiles (optionally vs ORT)")
+    b.add_argument("artifact")
+    b.add_argument("--compare", nargs="+", metavar="ort [MODEL.onnx]",
+                   help="also time ONNX Runtime on MODEL (default: the model it was compiled from)")
+    b.add_argument("--inputs", help=".npz with one array per input name (default: random)")
+    b.add_argument("--warmup", type=int, default=10, help="untimed runs first (default 10)")
+    b.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
+    b.add_argument("--json", action="store_true", help="print the results as JSON")
+    b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    b.set_defaults(func=cmd_bench)
+
+
+def _add_check(sub, common) -> None:
+    c = sub.add_parser("check", parents=[common], help="list every op and whether it is supported")
+    c.add_argument("model")
+    _target_arg(c)
+    c.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                   help="bind an input's shape, as for compile")
+    c.add_argument("--all-nodes", action="store_true", help="list every node, not every op type")
+    c.set_defaults(func=cmd_check)
+
+
+def _add_inspect(sub, common) -> None:
+    i = sub.add_parser("inspect", parents=[common], help="describe an artifact")
+    i.add_argument("artifact")
+    i.add_argument("--json", action="store_true", help="machine-readable JSON")
+    i.set_defaults(func=cmd_inspect)
+
+
+def _add_targets(sub, common) -> None:
+    t = sub.add_parser("targets", parents=[common], help="list or describe target descriptions")
+    t.add_argument("--json", action="store_true", help="machine-readable JSON")
+    tsub = t.add_subparsers(dest="action", metavar="show NAME")
+    show = tsub.add_parser("show", parents=[common], help="describe one target (name or YAML path)")
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                      help="machine-readable JSON")
+    t.set_defaults(func=cmd_targets, action=None)
+
+
+def _add_tune(sub, common) -> None:
+    t = sub.add_parser("tune", parents=[common], help="fill the tuning database (not implemented)")
+    t.add_argument("model")
+    _target_arg(t)
+    t.add_argument("--budget", default="10m", help="time budget, e.g. 10m")
+    t.add_argument("--tuning-db", help="tuning records database")
+    t.set_defaults(func=cmd_tune)
+
+
+def _target_arg(p) -> None:
+    p.add_argument("-t", "--target", default="host",
+                   help="target name (see `deploy targets`) or path to a YAML file (default: host)")
+
+
+def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    """``["x=1x3x224x224", "y=4,8"]`` -> ``{"x": (1, 3, 224, 224), "y": (4, 8)}``."""
+    shapes = {}
+    for spec in specs:
+        name, sep, dims = spec.partition("=")
+        parts = [d for d in dims.replace(",", "x").split("x") if d.strip()] if dims else []
+        if not sep or not name or not all(d.strip().isdigit() for d in parts):
+            raise UsageError(f"--shape {spec!r}: expected NAME=DIMS with DIMS like 1x3x224x224 "
+                             "(non-negative integers separated by 'x' or ',')")
+        shapes[name] = tuple(int(d) for d in parts)
+    return shapes
+
+
+# ---- compile / check / tune -----------------------------------------------------------------
+
+def cmd_compile(args) -> int:
+    if args.dtype and args.dtype.lower() not in ("fp32", "float32"):
+        raise NotImplementedYetError(f"--dtype {args.dtype}: lower-precision compilation is not "
+                                     "implemented yet; models compile in their own dtypes")
+    if args.tune != "none":
+        raise NotImplementedYetError(f"--tune {args.tune}: autotuning is not implemented yet; "
+                                     "use --tune none (the default schedules)")
+    if args.tuning_db:
+        raise NotImplementedYetError("--tuning-db: the tuning database is not implemented yet")
+    shapes = parse_shapes(args.shape)
+    from .compiler import compile as deploy_compile
+    out = Path(args.output or Path(args.model).with_suffix(".dpk").name)
+    t0 = time.perf_counter()
+    art = deploy_compile(args.model, target=args.target, shapes=shapes or None,
+                         dump_dir=args.dump_dir)
+    path = art.save(out)
+    m = art.manifest
+    stages = ", ".join(f"{k} {v:.2f}s" for k, v in _stages(m.get("compile_seconds", {})))
+    print(f"compiled {args.model} for {m['target']['name']} -> {path} "
+          f"({_fmt_bytes(path.stat().st_size)}, {m['kernel_count']} kernels, "
+          f"{time.perf_counter() - t0:.2f}s: {stages})")
+    for kind in ("inputs", "outputs"):
+        print(f"  {kind}: " + ", ".join(_spec_str(s) for s in m[kind]))
+    if args.dump_dir:
+        print(f"  intermediates dumped to {args.dump_dir}")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    raise NotImplementedYetError(
+        f"deploy tune: autotuning is not implemented yet (model {args.model}, target "
+        f"{args.target}); `deploy compile` uses the default schedules, which need no tuning")
+
+
+def cmd_check(args) -> int:
+    from .frontends.onnx import list_ops, load_model
+    from .targets import load_target
+    target = load_target(args.target)
+    proto, _ = load_model(args.model)
+    rows = list_ops(proto)
+    _print_op_table(rows, args.all_nodes)
+    bad = [r for r in rows if not r[3]]
+    if bad:
+        print(f"\n{len(bad)} of {len(rows)} nodes unsupported:")
+        for name, op, opset, _ in bad:
+            print(f"  - node '{name}': {op} (opset {opset})")
+        return 1
+    problem = _lowering_problem(proto, target, parse_shapes(args.shape))
+    if problem:
+        print(f"\nthe model imports, but: {problem}")
+        return 1
+    if target.backend != "c":
+        print(f"\nevery op is supported, but target {target.name} needs the {target.backend} "
+              "backend, which is not implemented yet; CPU targets compile today")
+        return 1
+    print(f"\nall {len(rows)} nodes supported for target {target.name}")
+    return 0
+
+
+def _print_op_table(rows, all_nodes: bool) -> None:
+    if all_nodes:
+        print(f"{'node':<32} {'op':<24} {'opset':>5}  status")
+        for name, op, opset, ok in rows:
+            print(f"{name:<32} {op:<24} {opset!s:>5}  {'supported' if ok else 'UNSUPPORTED'}")
+        return
+    groups: dict[tuple, int] = {}
+    for _, op, opset, ok in rows:
+        groups[(op, opset, ok)] = groups.get((op, opset, ok), 0) + 1
+    print(f"{'op':<28} {'opset':>5} {'nodes':>6}  status")
+    for (op, opset, ok), n in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][0])):
+        print(f"{op:<28} {opset!s:>5} {n:>6}  {'supported' if ok else 'UNSUPPORTED'}")
+
+
+def _lowering_problem(proto, target, shapes) -> str | None:
+    """Import and lower (no C build); the first problem compile would hit, or None."""
+    from .compiler import lower_only
+    try:
+        lower_only(proto, "host" if target.backend != "c" else target, shapes or None)
+    except DeployError as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001  (NeedsConstant, or a bug in a lowering)
+        where = getattr(e, "where", "")
+        return f"{where + ': ' if where else ''}{type(e).__name__}: {e}"
+    return None
+
+
+# ---- run / bench ----------------------------------------------------------------------------
+
+def cmd_run(args) -> int:
+    from .runtime import load
+    mod = load(args.artifact)
+    inputs = _inputs(mod, args.inputs, args.seed)
+    t0 = time.perf_counter()
+    outs = mod.run(inputs)
+    ms = (time.perf_counter() - t0) * 1e3
+    print(f"ran {args.artifact} (target {mod.manifest['target']['name']}) in {ms:.3f} ms")
+    print("inputs:" + ("" if args.inputs else f" random (seed {args.seed})"))
+    for spec in mod.input_specs:
+        print(f"  {spec.name}: {_summary(inputs[spec.name])}")
+    print("outputs:")
+    for spec, arr in zip(mod.output_specs, outs):
+        print(f"  {spec.name}: {_summary(arr)}")
+    if args.outputs:
+        np.savez(args.outputs, **{s.name: a for s, a in zip(mod.output_specs, outs)})
+        print(f"outputs written to {args.outputs}")
+    if args.check:
+        return _check_against_ort(args.check, mod, inputs, outs, args.rtol, args.atol)
+    return 0
+
+
+def _inputs(mod, path: str | None, seed: int) -> dict[str, np.ndarray]:
+    if path:
+        return _load_npz(path)
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for spec in mod.input_specs:
+        if not all(isinstance(d, int) for d in spec.shape):
+            raise InputError(f"input '{spec.name}' has symbolic shape {list(spec.shape)}; "
+                             "pass --inputs")
+        feed[spec.name] = _random(spec.shape, np.dtype(spec.dtype), rng)
+    return feed
+
+
+def _random(shape, dtype: np.dtype, rng) -> np.ndarray:
+    if dtype == np.bool_:
+        return rng.random(shape) > 0.5
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, 10, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _load_npz(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise InputError(f"{path}: expected an .npz archive (np.savez) with one array "
+                                 "per input name, got a single .npy array")
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot read inputs ({e}); expected an .npz archive "
+                         "(np.savez) with one array per input name") from None
+
+
+def _summary(a: np.ndarray) -> str:
+    head = f"{a.dtype}[{', '.join(map(str, a.shape))}]"
+    if a.size == 0 or a.dtype == object:
+        return head
+    if a.dtype == np.bool_:
+        return f"{head}  true {int(a.sum())} of {a.size}"
+    f = a.astype(np.float64)
+    first = np.array2string(a.reshape(-1)[:4], precision=4, separator=", ")
+    return (f"{head}  min {f.min():.4g}  max {f.max():.4g}  mean {f.mean():.4g}  "
+            f"first {first}")
+
+
+def _ort_session(model: str):
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise DeployError("comparing with ONNX Runtime needs it: pip install onnxruntime") from None
+    if not Path(model).exists():
+        raise DeployError(f"{model}: no such model file to compare against")
+    try:
+        return ort, ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001  (ORT raises its own exception types)
+        raise DeployError(f"ONNX Runtime cannot load {model}: {' '.join(str(e).split())}") from None
+
+
+def _check_against_ort(model: str, mod, inputs, outs, rtol: float, atol: float) -> int:
+    ort, sess = _ort_session(model)
+    try:
+        ref = sess.run(None, inputs)
+    except Exception as e:  # noqa: BLE001
+        raise DeployError(f"ONNX Runtime failed on {model}: {' '.join(str(e).split())}") from None
+    print(f"check against ONNX Runtime {ort.__version__} on {model} "
+          f"(pass: |deploy - ort| <= {atol:g} + {rtol:g} * |ort|):")
+    failed = 0
+    for spec, a, b in zip(mod.output_specs, outs, ref):
+        ok, line = compare(a, np.asarray(b), rtol, atol)
+        failed += not ok
+        print(f"  {spec.name}: {line}  {'PASS' if ok else 'FAIL'}")
+    if len(ref) != len(outs):
+        failed += 1
+        print(f"  output count differs: deploy {len(outs)}, ONNX Runtime {len(ref)}  FAIL")
+    print("PASS" if not failed else "FAIL")
+    if failed:
+        print(f"deploy: check failed: {failed} output(s) differ from ONNX Runtime beyond "
+              "tolerance", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def compare(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[bool, str]:
+    """Whether ``a`` matches reference ``b`` (numpy.allclose rule; ints/bools exactly)."""
+    if a.shape != b.shape:
+        return False, f"shape {list(a.shape)} vs ONNX Runtime {list(b.shape)}"
+    if a.dtype != b.dtype:
+        return False, f"dtype {a.dtype} vs ONNX Runtime {b.dtype}"
+    if a.size == 0 or not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.integer):
+        n = int(np.count_nonzero(a != b))
+        return n == 0, f"{n} of {a.size} elements differ (exact comparison)"
+    x, y = a.astype(np.float64), b.astype(np.float64)
+    nan_ok = np.array_equal(np.isnan(x), np.isnan(y))
+    fin = np.isfinite(x) & np.isfinite(y)
+    err = np.abs(x - y)[fin]
+    ref = np.abs(y)[fin]
+    max_abs = float(err.max()) if err.size else 0.0
+    big = ref > atol
+    max_rel = float((err[big] / ref[big]).max()) if big.any() else 0.0
+    ok = nan_ok and bool(np.all(np.isclose(x, y, rtol=rtol, atol=atol, equal_nan=True)))
+    return ok, f"max abs err {max_abs:.3g}  max rel err {max_rel:.3g}"
+
+
+def cmd_bench(args) -> int:
+    from .runtime import load
+    mod = load(args.artifact)
+    inputs = _inputs(mod, args.inputs, args.seed)
+    results = {"deploy": _time(lambda: mod.run(inputs), args.warmup, args.runs)}
+    if args.compare:
+        model = _compare_model(args.compare, mod)
+        _, sess = _ort_session(model)
+        results["ort"] = _time(lambda: sess.run(None, inputs), args.warmup, args.runs)
+    if "ort" in results:
+        results["speedup_vs_ort"] = round(results["ort"]["median_ms"] /
+                                          results["deploy"]["median_ms"], 3)
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    print(f"{args.artifact}: {args.runs} runs after {args.warmup} warm-up runs")
+    for name in ("deploy", "ort"):
+        if name in results:
+            r = results[name]
+            print(f"  {name:<7} median {r['median_ms']:.3f} ms  p90 {r['p90_ms']:.3f} ms  "
+                  f"min {r['min_ms']:.3f} ms  mean {r['mean_ms']:.3f} ms")
+    if "speedup_vs_ort" in results:
+        s = results["speedup_vs_ort"]
+        print(f"  ratio   ORT median / deploy median = {s:.2f} "
+              f"({'deploy faster' if s >= 1 else 'ORT faster'})")
+    return 0
+
+
+def _compare_model(compare: list[str], mod) -> str:
+    if compare[0].lower() != "ort" or len(compare) > 2:
+        raise UsageError(f"--compare {' '.join(compare)}: expected `--compare ort [MODEL.onnx]`")
+    if len(compare) == 2:
+        return compare[1]
+    source = mod.manifest.get("provenance", {}).get("source", "")
+    if source.endswith(".onnx") and Path(source).exists():
+        return source
+    raise UsageError("--compare ort: name the ONNX model to time (`--compare ort MODEL.onnx`); "
+                     f"the artifact's source {source!r} is not an .onnx file here")
+
+
+def _time(fn, warmup: int, runs: int) -> dict:
+    if runs < 1 or warmup < 0:
+        raise UsageError(f"--runs must be >= 1 and --warmup >= 0, got {runs} and {warmup}")
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter_ns()
+        fn()
+        ts.append((time.perf_counter_ns() - t0) / 1e6)
+    t = np.array(ts)
+    return {"median_ms": round(float(np.median(t)), 4),
+            "p90_ms": round(float(np.percentile(t, 90)), 4),
+            "min_ms": round(float(t.min()), 4), "mean_ms": round(float(t.mean()), 4),
+            "runs": runs}
+
+
+# ---- inspect / targets ----------------------------------------------------------------------
+
+def cmd_inspect(args) -> int:
+    from .runtime.artifact import read_artifact
+    report = inspect_report(args.artifact, read_artifact(args.artifact))
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        _print_inspect(report)
+    return 0
+
+
+def inspect_report(path: str, contents) -> dict:
+    """Everything `deploy inspect` shows, as plain data (the --json output)."""
+    m, members = contents.manifest, contents.members
+    steps = {s.get("symbol"): s for s in m.get("steps", []) if s.get("kind") == "kernel"}
+    kernels = [{"symbol": k["symbol"], "node": steps.get(k["symbol"], {}).get("node"),
+                "op": steps.get(k["symbol"], {}).get("op"), "hash": k.get("hash"),
+                "note": k.get("note", ""), "schedule": k.get("schedule", [])}
+               for k in m.get("kernels", [])]
+    weights = {n: len(b) for n, b in members.items() if n.startswith("weights/")}
+    memory = _memory(m)
+    return {
+        "artifact": str(path), "bytes": Path(path).stat().st_size,
+        "format_version": m.get("format_version"), "deploy_version": m.get("deploy_version"),
+        "target": m.get("target", {}), "inputs": m.get("inputs", []),
+        "outputs": m.get("outputs", []), "kernel_count": m.get("kernel_count", len(kernels)),
+        "kernels": kernels, "host_ops": m.get("host_ops", []),
+        "arena_bytes": memory["arena_bytes"], "memory": memory,
+        "binaries": [{"name": n, "bytes": len(b)} for n, b in sorted(members.items())
+                     if not n.startswith("weights/")],
+        "weights": {"count": len(weights), "bytes": sum(weights.values())},
+        "provenance": m.get("provenance", {}), "compile_seconds": m.get("compile_seconds", {}),
+        "passes": m.get("passes", []),
+    }
+
+
+def _memory(m: dict) -> dict:
+    """The artifact's memory plan; without one, the sum of intermediate tensor bytes."""
+    values = m.get("values", {})
+    planned = dict(m.get("memory", {}))
+    planned.pop("offsets", None)
+    outputs = set(m.get("output_ids", []))
+    produced = {v for s in m.get("steps", []) if s.get("kind") != "view" for v in s["outputs"]}
+    inter = sum(_nbytes(values[str(v)]) for v in produced - outputs if str(v) in values)
+    planned.setdefault("intermediate_bytes", inter)
+    planned.setdefault("arena_bytes", inter)
+    planned.setdefault("planned", "memory" in m)
+    return planned
+
+
+def _nbytes(v: dict) -> int:
+    n = 1
+    for d in v["shape"]:
+        n *= d if isinstance(d, int) else 1
+    return n * np.dtype(v["dtype"]).itemsize
+
+
+def _print_inspect(r: dict) -> None:
+    t = r["target"]
+    print(f"artifact: {r['artifact']} ({_fmt_bytes(r['bytes'])}, format {r['format_version']}, "
+          f"deploy {r['deploy_version']})")
+    print(f"target:   {t.get('name')} ({t.get('kind')}, backend {t.get('backend')}, "
+          f"arch {t.get('arch')})")
+    for kind in ("inputs", "outputs"):
+        print(f"{kind + ':':<9} " + ", ".join(_spec_str(s) for s in r[kind]))
+    print(f"kernels:  kernel_count {r['kernel_count']}")
+    for k in r["kernels"]:
+        print(f"  {k['symbol']:<6} {k['op'] or '?':<14} node '{k['node']}'  hash {k['hash']}"
+              + (f"  ({k['note']})" if k["note"] else ""))
+    print(f"host ops: {', '.join(r['host_ops']) or 'none (every op runs as generated code)'}")
+    mem = r["memory"]
+    print(f"memory:   arena_bytes {r['arena_bytes']} ({_fmt_bytes(r['arena_bytes'])}), "
+          f"intermediates {_fmt_bytes(mem['intermediate_bytes'])}, weights "
+          f"{_fmt_bytes(r['weights']['bytes'])} in {r['weights']['count']} arrays")
+    print("binaries: " + (", ".join(f"{b['name']} ({_fmt_bytes(b['bytes'])})"
+                                    for b in r["binaries"]) or "none"))
+    prov = r["provenance"]
+    print(f"source:   {prov.get('source')} (opset {prov.get('opset')}), bound dims "
+          f"{prov.get('bound_dims', {})}")
+    hist = prov.get("op_histogram", {})
+    if hist:
+        print("ops:      " + ", ".join(f"{op} x{n}" for op, n in hist.items()))
+    print("compile:  " + ", ".join(f"{k} {v:.3f}s" for k, v in _stages(r["compile_seconds"])))
+    for p in r["passes"]:
+        extra = ", ".join(f"{k} {v}" for k, v in p.items()
+                          if k not in ("pass", "nodes_before", "nodes_after", "seconds"))
+        print(f"  pass {p.get('pass', '?'):<12} nodes {p.get('nodes_before')} -> "
+              f"{p.get('nodes_after')}  {p.get('seconds', 0):.4f}s" + (f"  {extra}" if extra else ""))
+
+
+STAGE_ORDER = ("import", "optimize", "lower", "render+build", "package")
+
+
+def _stages(seconds: dict) -> list[tuple[str, float]]:
+    """Compile stages in pipeline order (the manifest's JSON keys are sorted)."""
+    rank = {k: i for i, k in enumerate(STAGE_ORDER)}
+    return sorted(seconds.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+
+
+def cmd_targets(args) -> int:
+    from .targets import list_targets, load_target
+    if args.action == "show":
+        t = load_target(args.name)
+        d = dict(t.to_dict(), source=t.source)
+        if args.json:
+            print(json.dumps(d, indent=1))
+        else:
+            width = max(map(len, d))
+            for k, v in d.items():
+                if v not in ("", 0, 0.0, [], {}):
+                    print(f"{k:<{width}}  {v}")
+        return 0
+    targets = [load_target(n) for n in list_targets()]
+    if args.json:
+        print(json.dumps([t.to_dict() for t in targets], indent=1))
+        return 0
+    print(f"{'name':<15} {'kind':<4} {'backend':<7} {'arch':<10} description")
+    for t in targets:
+        print(f"{t.name:<15} {t.kind:<4} {t.backend:<7} {t.arch:<10} {t.description}")
+    print("\n`deploy targets show NAME` describes one; --target also accepts a YAML file path.")
+    return 0
+
+
+# ---- formatting -----------------------------------------------------------------------------
+
+def _spec_str(s: dict) -> str:
+    return f"{s['name']}: {s['dtype']}[{', '.join(map(str, s['shape']))}]"
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,283 @@
+"""ATen converters: views, slicing, joining, indexing and padding.
+
+Sizes are concrete at this point (dynamic dims are bound), so every view becomes a core Reshape
+with a fully resolved shape and every slice a core Slice listing all axes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...graph_ir.graph import Value
+from ...graph_ir.types import DType
+from .registry import TorchCtx, aten, norm_dim, rank
+
+A = torch.ops.aten
+
+
+def resolve_view(numel: int, shape) -> tuple[int, ...]:
+    """A torch view shape with at most one -1 made explicit."""
+    shape = [int(d) for d in shape]
+    if shape.count(-1) > 1:
+        raise ValueError(f"view shape {shape} has more than one -1")
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        shape[shape.index(-1)] = numel // known if known else 0
+    if int(np.prod(shape)) != numel:
+        raise ValueError(f"cannot view {numel} elements as {shape}")
+    return tuple(shape)
+
+
+def numel(v: Value) -> int:
+    return int(np.prod(v.shape, dtype=np.int64))
+
+
+@aten(A.view.default, A._unsafe_view.default, A.reshape.default, A.view_copy.default,
+      needs=("Reshape",))
+def convert_view(cx, node, x, shape):
+    return cx.reshape(x, resolve_view(numel(x), [cx.concrete(d) for d in shape]))
+
+
+@aten(A.unsqueeze, needs=("Reshape",))
+def convert_unsqueeze(cx, node, x, dim):
+    shape = list(x.shape)
+    shape.insert(norm_dim(dim, rank(x) + 1), 1)
+    return cx.reshape(x, shape)
+
+
+@aten(A.squeeze, needs=("Reshape",))
+def convert_squeeze(cx, node, x, dims=None):
+    r = rank(x)
+    if dims is None:
+        dims = range(r)
+    elif isinstance(dims, int):
+        dims = [dims]
+    drop = {norm_dim(d, r) for d in dims if x.shape[norm_dim(d, r)] == 1} if r else set()
+    return cx.reshape(x, [d for k, d in enumerate(x.shape) if k not in drop])
+
+
+@aten(A.flatten.using_ints, needs=("Reshape",))
+def convert_flatten(cx, node, x, start=0, end=-1):
+    r = max(rank(x), 1)
+    s, e = norm_dim(start, r), norm_dim(end, r)
+    shape = list(x.shape) or [1]
+    return cx.reshape(x, shape[:s] + [int(np.prod(shape[s:e + 1]))] + shape[e + 1:])
+
+
+@aten(A.permute, needs=("Transpose",))
+def convert_permute(cx, node, x, dims):
+    perm = tuple(norm_dim(d, rank(x)) for d in dims)
+    return x if perm == tuple(range(rank(x))) else cx.op("Transpose", x, perm=perm)
+
+
+@aten(A.transpose.int, needs=("Transpose",))
+def convert_transpose(cx, node, x, d0, d1):
+    perm = list(range(rank(x)))
+    if perm:
+        a, b = norm_dim(d0, rank(x)), norm_dim(d1, rank(x))
+        perm[a], perm[b] = perm[b], perm[a]
+    return convert_permute(cx, node, x, perm)
+
+
+@aten(A.t, A.numpy_T, needs=("Transpose",))
+def convert_t(cx, node, x):
+    return convert_permute(cx, node, x, list(reversed(range(rank(x)))))
+
+
+@aten(A.expand, A.expand_copy, needs=("Expand",))
+def convert_expand(cx, node, x, sizes, implicit=False):
+    sizes = [cx.concrete(s) for s in sizes]
+    lead = len(sizes) - rank(x)
+    shape = tuple(x.shape[k - lead] if s == -1 else s for k, s in enumerate(sizes))
+    return x if shape == tuple(x.shape) else cx.op("Expand", x, shape=shape)
+
+
+# ---- slicing -----------------------------------------------------------------------------
+
+def slice_axis(cx: TorchCtx, x: Value, dim: int, start: int, step: int, size: int) -> Value:
+    """x restricted to ``start + step * i`` (i < size) along ``dim``."""
+    if start == 0 and step == 1 and size == x.shape[dim]:
+        return x
+    starts = [0] * rank(x)
+    steps = [1] * rank(x)
+    sizes = list(x.shape)
+    starts[dim], steps[dim], sizes[dim] = start, step, size
+    return cx.op("Slice", x, starts=tuple(starts), steps=tuple(steps), sizes=tuple(sizes))
+
+
+@aten(A.slice.Tensor, A.slice_copy.Tensor, needs=("Slice",))
+def convert_slice(cx, node, x, dim=0, start=None, end=None, step=1):
+    dim = norm_dim(dim, rank(x))
+    n = x.shape[dim]
+    lo, hi, step = slice(None if start is None else cx.concrete(start),
+                         None if end is None else cx.concrete(end), step).indices(n)
+    return slice_axis(cx, x, dim, lo, step, len(range(lo, hi, step)))
+
+
+@aten(A.select.int, A.select_copy.int, needs=("Slice", "Reshape"))
+def convert_select(cx, node, x, dim, index):
+    dim = norm_dim(dim, rank(x))
+    index = cx.concrete(index)
+    index = index + x.shape[dim] if index < 0 else index
+    y = slice_axis(cx, x, dim, index, 1, 1)
+    return cx.reshape(y, x.shape[:dim] + x.shape[dim + 1:])
+
+
+@aten(A.split_with_sizes, A.split_with_sizes_copy, needs=("Slice",))
+def convert_split_with_sizes(cx, node, x, sizes, dim=0):
+    dim = norm_dim(dim, rank(x))
+    outs, start = [], 0
+    for s in sizes:
+        outs.append(slice_axis(cx, x, dim, start, 1, int(s)))
+        start += int(s)
+    return outs
+
+
+@aten(A.split.Tensor, A.split_copy.Tensor, needs=("Slice",))
+def convert_split(cx, node, x, size, dim=0):
+    n = x.shape[norm_dim(dim, rank(x))]
+    sizes = [min(size, n - s) for s in range(0, n, size)] or [0]
+    return convert_split_with_sizes(cx, node, x, sizes, dim)
+
+
+@aten(A.unbind.int, A.unbind_copy.int, needs=("Slice", "Reshape"))
+def convert_unbind(cx, node, x, dim=0):
+    dim = norm_dim(dim, rank(x))
+    return [convert_select(cx, node, x, dim, k) for k in range(x.shape[dim])]
+
+
+@aten(A.narrow.default, needs=("Slice",))
+def convert_narrow(cx, node, x, dim, start, length):
+    dim = norm_dim(dim, rank(x))
+    start = cx.concrete(start)
+    return slice_axis(cx, x, dim, start % x.shape[dim] if start < 0 else start, 1,
+                      cx.concrete(length))
+
+
+@aten(A.flip, needs=("Slice",))
+def convert_flip(cx, node, x, dims):
+    for d in dims:
+        d = norm_dim(d, rank(x))
+        x = slice_axis(cx, x, d, x.shape[d] - 1, -1, x.shape[d])
+    return x
+
+
+@aten(A.cat, A.concat, needs=("Concat", "Cast"))
+def convert_cat(cx, node, tensors, dim=0):
+    dt = cx.out_dtype()
+    # torch lets 1-D empty tensors join anything; they contribute nothing
+    parts = [cx.tensor(t, dt) for t in tensors if not (rank(t) == 1 and t.shape[0] == 0)]
+    if len(parts) == 1:
+        return parts[0]
+    return cx.op("Concat", *parts, axis=norm_dim(dim, rank(parts[0])))
+
+
+@aten(A.stack, needs=("Concat", "Reshape", "Cast"))
+def convert_stack(cx, node, tensors, dim=0):
+    d = norm_dim(dim, rank(tensors[0]) + 1)
+    parts = [convert_unsqueeze(cx, node, cx.tensor(t, cx.out_dtype()), d) for t in tensors]
+    return parts[0] if len(parts) == 1 else cx.op("Concat", *parts, axis=d)
+
+
+@aten(A.repeat, needs=("Tile", "Reshape"))
+def convert_repeat(cx, node, x, repeats):
+    repeats = [int(r) for r in repeats]
+    x = cx.reshape(x, [1] * (len(repeats) - rank(x)) + list(x.shape))
+    return cx.op("Tile", x, repeats=tuple(repeats))
+
+
+def _pad_check(node):
+    pads = node.args[1]
+    return None if all(isinstance(p, int) and p >= 0 for p in pads) else \
+        "negative (cropping) pads"
+
+
+@aten(A.constant_pad_nd, needs=("Pad",), check=_pad_check)
+def convert_constant_pad(cx, node, x, pad, value=0):
+    return _pad(cx, x, pad, "constant", value)
+
+
+def _pad(cx, x, pad, mode, value=0):
+    # torch lists (begin, end) pairs from the last dim backwards; core Pad wants [begins.., ends..]
+    r = rank(x)
+    begins, ends = [0] * r, [0] * r
+    for k in range(len(pad) // 2):
+        begins[r - 1 - k], ends[r - 1 - k] = int(pad[2 * k]), int(pad[2 * k + 1])
+    if not any(begins + ends):
+        return x
+    return cx.op("Pad", x, pads=tuple(begins + ends), mode=mode, value=value)
+
+
+@aten(A.reflection_pad1d, A.reflection_pad2d, A.reflection_pad3d, needs=("Pad",))
+def convert_reflection_pad(cx, node, x, pad):
+    return _pad(cx, x, pad, "reflect")
+
+
+@aten(A.replication_pad1d, A.replication_pad2d, A.replication_pad3d, needs=("Pad",))
+def convert_replication_pad(cx, node, x, pad):
+    return _pad(cx, x, pad, "edge")
+
+
+# ---- indexing ----------------------------------------------------------------------------
+
+@aten(A.index_select, needs=("Gather",))
+def convert_index_select(cx, node, x, dim, index):
+    return cx.op("Gather", x, index, axis=norm_dim(dim, rank(x)))
+
+
+@aten(A.embedding, needs=("Gather",))
+def convert_embedding(cx, node, weight, indices, *rest):
+    return cx.op("Gather", weight, indices, axis=0)
+
+
+@aten(A.gather, needs=("GatherElements",))
+def convert_gather(cx, node, x, dim, index, sparse_grad=False):
+    return cx.op("GatherElements", x, index, axis=norm_dim(dim, rank(x)))
+
+
+def _index_check(node):
+    idx = node.args[1]
+    pos = [k for k, i in enumerate(idx) if i is not None]
+    if pos != list(range(pos[0], pos[-1] + 1)):
+        return "advanced indices separated by slices"
+    if any(i.meta["val"].dtype == torch.bool for i in idx if i is not None):
+        return "boolean mask indices (data-dependent shape)"
+    return None
+
+
+@aten(A.index.Tensor, needs=("Gather", "Mul", "Add", "Reshape", "Cast", "Less", "Where"),
+      check=_index_check)
+def convert_index(cx, node, x, indices):
+    # x[..., i0, i1, ...] over adjacent dims d..d+k: merge those dims into one and gather at
+    # the linear index i0 * (n1 * n2 ...) + i1 * (n2 ...) + ...
+    pos = [k for k, i in enumerate(indices) if i is not None]
+    d, k = pos[0], len(pos)
+    idx = [cx.cast(indices[p], DType.int64) for p in pos]
+    dims = x.shape[d:d + k]
+    lin = None
+    for j, (i, n) in enumerate(zip(idx, dims)):
+        i = _wrap(cx, i, n)
+        stride = int(np.prod(dims[j + 1:], dtype=np.int64))
+        term = i if stride == 1 else cx.op("Mul", i, cx.scalar(stride, DType.int64))
+        lin = term if lin is None else cx.op("Add", lin, term)
+    merged = cx.reshape(x, x.shape[:d] + (int(np.prod(dims, dtype=np.int64)),) + x.shape[d + k:])
+    return cx.op("Gather", merged, lin, axis=d)
+
+
+def _wrap(cx, i, n):
+    # negative indices count from the end; Gather wraps only the merged index, so wrap here
+    arr = cx.b.value_of(i)
+    if arr is not None:
+        return cx.b.const(np.where(arr < 0, arr + n, arr), "index")
+    neg = cx.op("Less", i, cx.scalar(0, DType.int64))
+    return cx.op("Where", neg, cx.op("Add", i, cx.scalar(n, DType.int64)), i)
+
+
+@aten(A.masked_fill.Scalar, A.masked_fill.Tensor, needs=("Where", "Cast"))
+def convert_masked_fill(cx, node, x, mask, value):
+    return cx.op("Where", cx.tensor(mask, DType.bool), cx.tensor(value, x.dtype), x)
+
+
+@aten(A.tril, A.triu, needs=("Trilu",))
+def convert_trilu(cx, node, x, diagonal=0):
+    return cx.op("Trilu", x, upper=int(node.target == A.triu.default), k=int(diagonal))

@@ -1,0 +1,125 @@
+"""ATen converters: reductions (sum, mean, max ...), arg-reductions, variance, cumulative sums.
+
+ATen's "reduce every dim" spellings (``dim=None``, ``dim=[]``) are resolved to explicit axes here,
+since core reductions take non-empty, normalized axes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...graph_ir.types import DType
+from .registry import aten, norm_dim, rank
+
+A = torch.ops.aten
+
+
+def axes_of(x, dim) -> tuple[int, ...]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(rank(x)))
+    dims = [dim] if isinstance(dim, int) else dim
+    return tuple(sorted({norm_dim(d, rank(x)) for d in dims}))
+
+
+def reduce(cx, name: str, x, axes, keepdim: bool):
+    if not axes:  # a 0-d tensor: reducing nothing is the identity
+        return x
+    return cx.op(name, x, axes=tuple(axes), keepdims=int(bool(keepdim)))
+
+
+def _reduction(name: str, cast_first: bool = True):
+    def convert(cx, node, x, dim=None, keepdim=False, dtype=None):
+        if cast_first:
+            x = cx.tensor(x, cx.out_dtype())
+        return reduce(cx, name, x, axes_of(x, dim), keepdim)
+    return convert
+
+
+aten(A.sum.dim_IntList, A.sum.default, needs=("ReduceSum", "Cast"))(_reduction("ReduceSum"))
+aten(A.mean.dim, A.mean.default, needs=("ReduceMean", "Cast"))(_reduction("ReduceMean"))
+aten(A.amax, needs=("ReduceMax",))(_reduction("ReduceMax", cast_first=False))
+aten(A.amin, needs=("ReduceMin",))(_reduction("ReduceMin", cast_first=False))
+
+
+@aten(A.prod.dim_int, A.prod.default, needs=("ReduceProd", "Cast"))
+def convert_prod(cx, node, x, dim=None, keepdim=False, dtype=None):
+    x = cx.tensor(x, cx.out_dtype())
+    return reduce(cx, "ReduceProd", x, axes_of(x, dim), keepdim)
+
+
+@aten(A.any.dim, A.any.dims, A.any.default, needs=("ReduceMax", "Cast"))
+def convert_any(cx, node, x, dim=None, keepdim=False):
+    # any = max over booleans
+    x = cx.tensor(x, DType.bool)
+    return reduce(cx, "ReduceMax", x, axes_of(x, dim), keepdim)
+
+
+@aten(A.all.dim, A.all.dims, A.all.default, needs=("ReduceMin", "Cast"))
+def convert_all(cx, node, x, dim=None, keepdim=False):
+    # all = min over booleans
+    x = cx.tensor(x, DType.bool)
+    return reduce(cx, "ReduceMin", x, axes_of(x, dim), keepdim)
+
+
+def _max_min(name: str, arg: str):
+    def convert(cx, node, x, dim, keepdim=False):
+        axis = norm_dim(dim, rank(x))
+        values = reduce(cx, name, x, (axis,), keepdim)
+        index = cx.op(arg, x, axis=axis, keepdims=int(bool(keepdim)))
+        return [values, index]
+    return convert
+
+
+aten(A.max.dim, needs=("ReduceMax", "ArgMax"))(_max_min("ReduceMax", "ArgMax"))
+aten(A.min.dim, needs=("ReduceMin", "ArgMin"))(_max_min("ReduceMin", "ArgMin"))
+
+
+@aten(A.max.default, needs=("ReduceMax",))
+def convert_max_all(cx, node, x):
+    return reduce(cx, "ReduceMax", x, tuple(range(rank(x))), False)
+
+
+@aten(A.min.default, needs=("ReduceMin",))
+def convert_min_all(cx, node, x):
+    return reduce(cx, "ReduceMin", x, tuple(range(rank(x))), False)
+
+
+def _arg(name: str):
+    def convert(cx, node, x, dim=None, keepdim=False):
+        if dim is None:  # over the flattened tensor
+            x = cx.reshape(x, (int(np.prod(x.shape, dtype=np.int64)),))
+            y = cx.op(name, x, axis=0, keepdims=0)
+            return cx.reshape(y, (1,) * rank(x) if keepdim else ())
+        return cx.op(name, x, axis=norm_dim(dim, rank(x)), keepdims=int(bool(keepdim)))
+    return convert
+
+
+aten(A.argmax, needs=("ArgMax", "Reshape"))(_arg("ArgMax"))
+aten(A.argmin, needs=("ArgMin", "Reshape"))(_arg("ArgMin"))
+
+
+@aten(A.var.correction, A.var.dim, A.std.correction, A.std.dim,
+      needs=("ReduceMean", "ReduceSum", "Sub", "Mul", "Div", "Sqrt"))
+def convert_var(cx, node, x, dim=None, unbiased=None, keepdim=False, correction=None):
+    # var = sum((x - mean)^2) / (n - correction)
+    axes = axes_of(x, dim)
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased is True else 0
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    d = cx.op("Sub", x, reduce(cx, "ReduceMean", x, axes, True))
+    ss = reduce(cx, "ReduceSum", cx.op("Mul", d, d), axes, keepdim)
+    var = cx.op("Div", ss, cx.scalar(max(n - correction, 0), x.dtype))
+    std = node.target in (A.std.correction, A.std.dim)
+    return cx.op("Sqrt", var) if std else var
+
+
+@aten(A.cumsum, needs=("CumSum", "Cast"))
+def convert_cumsum(cx, node, x, dim, dtype=None):
+    x = cx.tensor(x, cx.out_dtype())
+    return cx.op("CumSum", x, axis=norm_dim(dim, rank(x)))
+
+
+@aten(A.topk, needs=("TopK",))
+def convert_topk(cx, node, x, k, dim=-1, largest=True, sorted=True):
+    return cx.emit("TopK", [x], k=int(k), axis=norm_dim(dim, rank(x)), largest=int(largest),
+                   sorted=int(sorted))
