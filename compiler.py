@@ -229,7 +229,7 @@ def _build(plan: Plan, tgt: Target, dump: Path | None) -> tuple[dict[str, bytes]
         src = renderer.kernel(k, sched)
         sources.append(src)
         info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
-                     "schedule": [s.__dict__ for s in sched]})
+                     "schedule": [s.describe() for s in sched]})
     jobs = os.cpu_count() or 1
     chunks = [renderer.module(sources[i::jobs]) for i in range(min(jobs, len(sources)))]
     if dump:

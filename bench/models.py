@@ -273,7 +273,8 @@ def export(module, specs: list[InputSpec], path: Path, exporter: str,
     with quiet, torch.no_grad():
         kwargs = dict(opset_version=OPSET, input_names=[s.name for s in specs],
                       output_names=["output"])
-        if exporter == "dynamo":
+        if exporter == "dynamo":  # it writes opset 18 natively; we convert down below
+            kwargs["opset_version"] = max(OPSET, 18)
             torch.onnx.export(module, args, str(tmp), dynamo=True, external_data=False,
                               verbose=False, **kwargs)
         elif exporter == "torchscript":
@@ -283,6 +284,9 @@ def export(module, specs: list[InputSpec], path: Path, exporter: str,
         expected = module(*args).numpy()
     seconds = time.perf_counter() - start
     proto = onnx.load(str(tmp))
+    if proto.opset_import[0].version != OPSET:
+        proto = to_opset(proto, OPSET)
+        onnx.save(proto, str(tmp))
     got = _ort_run(str(tmp), example)[0]
     os.replace(tmp, path)
     return {"inputs": [asdict(s) for s in specs], "export_seconds": round(seconds, 2),
@@ -290,6 +294,48 @@ def export(module, specs: list[InputSpec], path: Path, exporter: str,
             "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
             "op_histogram": dict(op_histogram(proto).most_common()),
             "nodes": len(proto.graph.node), "torch_vs_ort_max_abs": float(np.abs(got - expected).max())}
+
+
+def to_opset(proto, opset: int):
+    """onnx.version_converter, then drop what it leaves behind that ``opset`` does not know:
+    attributes added in later versions (ReduceMean-18 noop_with_empty_axes, Split-18
+    num_outputs; the latter becomes the explicit ``split`` sizes it implies)."""
+    import onnx
+    from onnx import numpy_helper, version_converter
+    out = version_converter.convert_version(proto, opset)
+    shapes = _static_shapes(out)
+    for node in out.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        known = onnx.defs.get_schema(node.op_type, opset, node.domain).attributes
+        stale = [a for a in node.attribute if a.name not in known]
+        for a in stale:
+            if node.op_type == "Split" and a.name == "num_outputs" and len(node.input) < 2:
+                sizes = _split_sizes(node, shapes, a.i)
+                name = f"{node.name or node.output[0]}_split_sizes"
+                out.graph.initializer.append(numpy_helper.from_array(sizes, name))
+                node.input.append(name)
+            node.attribute.remove(a)
+    onnx.checker.check_model(out, full_check=True)
+    return out
+
+
+def _static_shapes(proto) -> dict[str, list[int]]:
+    import onnx
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    vis = list(inferred.graph.value_info) + list(inferred.graph.input)
+    return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in vis}
+
+
+def _split_sizes(node, shapes: dict, parts: int) -> np.ndarray:
+    # Split-18 num_outputs=n: chunks of ceil(dim / n), the last one smaller
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    shape = shapes.get(node.input[0])
+    if not shape or shape[axis] <= 0:
+        raise ValueError(f"Split {node.name}: input shape unknown, cannot write split sizes")
+    dim = shape[axis]
+    chunk = -(-dim // parts)
+    return np.array([min(chunk, dim - k * chunk) for k in range(parts)], np.int64)
 
 
 @contextlib.contextmanager

@@ -38,8 +38,8 @@ SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "l2_bytes": ((int,), False, "L2 cache bytes (whole device)"),
     "memory_bytes": ((int,), False, "device memory bytes (GPU)"),
     "mem_bandwidth_gbs": ((int, float), False, "DRAM bandwidth, GB/s"),
-    "peak_tflops": ((dict,), False, "dense peak TFLOP/s (TOP/s for int8) per dtype, "
-                                    "e.g. {fp32: 67, fp16: 989}"),
+    "peak_tflops": ((dict,), False, ("dense peak TFLOP/s (TOP/s for int8) per dtype, "
+                                     "e.g. {fp32: 67, fp16: 989}")),
     "preferred_layout": ((str,), False, "'NCHW' or 'NHWC' for convolutions"),
     "cc_flags": ((list,), False, "extra C compiler flags (CPU)"),
 }

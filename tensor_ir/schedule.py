@@ -5,16 +5,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .expr import R, Reduce, walk
+from .expr import B, Binary, Cast, Expr, Load, R, Reduce, Select, Var, walk
 from .kernel import Kernel, Stage
 
 PARALLEL_MIN_WORK = 1 << 15  # points x body size below which OpenMP costs more than it gives
 
 
 @dataclass(frozen=True)
+class GemmTile:
+    """Register-blocked contraction: an ``mr`` x ``nr`` tile of outputs over (i, j) is kept in
+    registers while the reduction runs; ``a`` reads depend on i (not j), ``b`` on j (not i)."""
+    i: int  # position of the i variable in the stage's vars
+    j: int  # position of the j variable (vectorized; ``b`` should be contiguous along it)
+    mr: int
+    nr: int
+    a: Expr  # the reduction operand read per i (broadcast across the tile's row)
+    b: Expr  # the operand read per j (a vector of nr values)
+
+
+@dataclass(frozen=True)
 class StageSchedule:
     parallel: int = 0  # outer loops collapsed into one OpenMP parallel loop (0: serial)
     reduce_outer: int | None = None  # contraction: outer spatial loops, then reduce, then inner
+    gemm: GemmTile | None = None  # contraction: register tile (takes precedence)
+
+    def describe(self) -> dict:
+        """JSON-friendly summary (for the manifest and ``deploy inspect``)."""
+        out = {"parallel": self.parallel}
+        if self.reduce_outer is not None:
+            out["reduce_outer"] = self.reduce_outer
+        if self.gemm is not None:
+            out["gemm_tile"] = {"i": self.gemm.i, "j": self.gemm.j, "mr": self.gemm.mr,
+                                "nr": self.gemm.nr}
+        return out
 
 
 def _work(stage: Stage) -> int:
@@ -77,7 +100,49 @@ def rule_generic(stage: Stage) -> StageSchedule:
     return StageSchedule()
 
 
-RULES = [rule_scatter, rule_contraction]
+def _vars_in(e: Expr) -> set:
+    return {x for x in walk(e) if isinstance(x, Var)}
+
+
+def _operand_ok(e: Expr) -> bool:
+    # Load, Cast(Load), or Select(cond, Load, 0) (zero padding), nothing more expensive
+    if isinstance(e, Cast):
+        return _operand_ok(e.x)
+    if isinstance(e, Select):
+        return _operand_ok(e.a) and not any(isinstance(x, Load) for x in walk(e.b))
+    return isinstance(e, Load)
+
+
+MR, NR = 4, 32  # 4 rows x 2 AVX-512 vectors of 16 floats: 8 accumulator registers
+
+
+def rule_gemm_tile(stage: Stage) -> StageSchedule | None:
+    # out[.., i, .., j] = epi(sum_r a(i, r) * b(j, r)) -> a register tile over (i, j)
+    red = single_sum(stage)
+    if red is None or red.dtype.c_type != "float" or not isinstance(red.body, Binary) \
+            or red.body.op is not B.MUL:
+        return None
+    x, y = red.body.a, red.body.b
+    if not (_operand_ok(x) and _operand_ok(y)):
+        return None
+    vx, vy = _vars_in(x), _vars_in(y)
+    only_x = [k for k, v in enumerate(stage.vars) if v in vx and v not in vy]
+    only_y = [k for k, v in enumerate(stage.vars) if v in vy and v not in vx]
+    if not only_x or not only_y:
+        return None
+    # j: the innermost output var that only one operand reads (that operand is ``b``)
+    if only_y[-1] > only_x[-1]:
+        j, i, a, b = only_y[-1], only_x[-1], x, y
+    else:
+        j, i, a, b = only_x[-1], only_y[-1], y, x
+    if stage.extents[j] < 8 or stage.extents[i] < MR:
+        return None
+    outer = [k for k in range(len(stage.vars)) if k not in (i, j)]
+    parallel = len(outer) if outer and _work(stage) >= PARALLEL_MIN_WORK else 0
+    return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, MR, NR, a, b))
+
+
+RULES = [rule_scatter, rule_gemm_tile, rule_contraction]
 
 
 def default_schedule(kernel: Kernel) -> list[StageSchedule]:

@@ -4,21 +4,21 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import deploy
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
-
-import deploy
 from deploy.cli import main
 from deploy.errors import InputError, ModelError, TargetError, UnsupportedOpsError
 from deploy.targets import load_target
+from onnx import helper
+
 from tests.util import make_model
 
 
 def deploy_cli(*args, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "deploy", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
+import deploy
 import numpy as np
 import pytest
 import yaml
-from onnx import helper
-
-import deploy
 from deploy.errors import NotImplementedYetError, TargetError
 from deploy.targets import Target, list_targets, load_target
 from deploy.targets.target import HERE, PEAK_DTYPES
+from onnx import helper
+
 from tests.util import make_model
 
 REQUIRED = {"host", "x86_64-avx2", "x86_64-avx512", "aarch64-neon", "a100", "h100", "h200", "l4",

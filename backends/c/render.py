@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ...graph_ir.types import DType
 from ...tensor_ir.expr import (
-    B, R, U, Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, transform, walk,
+    B, R, U, Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, substitute, transform,
+    walk,
 )
 from ...tensor_ir.kernel import Buffer, Kernel, Stage
 from ...tensor_ir.schedule import StageSchedule, single_sum
@@ -19,6 +20,7 @@ from ...tensor_ir.schedule import StageSchedule, single_sum
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 
 F = "{f}"  # float-function suffix placeholder: "f" for float, "" for double
+VL = 16  # floats per vector register in the generated micro-kernels (dp_f32x16)
 
 UNARY = {
     U.NEG: "(-{x})", U.ABS: "fabs{f}({x})", U.EXP: "exp{f}({x})", U.LOG: "log{f}({x})",
@@ -104,6 +106,8 @@ class CRenderer:
 
     def stage(self, st: Stage, sched: StageSchedule) -> list[str]:
         out = self.buffers[st.out]
+        if sched.gemm is not None:
+            return self._stage_gemm(st, out, sched)
         if sched.reduce_outer is not None:
             return self._stage_reduce_outer(st, out, sched)
         lines: list[str] = []
@@ -145,6 +149,129 @@ class CRenderer:
             self._close_loops(lines, d5, depth)
         self._close_loops(lines, depth)
         return ["  {"] + lines + ["  }"]
+
+    def _stage_gemm(self, st: Stage, out: Buffer, sched: StageSchedule) -> list[str]:
+        """Register-blocked contraction (see ``schedule.GemmTile``): full mr x nr tiles keep their
+        accumulators in registers; leftover columns and rows take a per-point path."""
+        g = sched.gemm
+        red = single_sum(st)
+        vi, vj = st.vars[g.i], st.vars[g.j]
+        ei, ej = st.extents[g.i], st.extents[g.j]
+        ei_full = ei - ei % g.mr
+        outer = [k for k in range(len(st.vars)) if k not in (g.i, g.j)]
+        tile = {vi: Var("it_") + Var("ii_"), vj: Var("jt_") + Var("jj_")}
+        a, b = substitute(g.a, tile), substitute(g.b, tile)
+        acc = Var("acc_[ii_][jj_]", red.dtype)
+        epi = substitute(transform(st.body, lambda e: acc if e == red else None), tile)
+        ctype = compute_type(red.dtype)
+        lines: list[str] = []
+        depth = self._open_loops(lines, [st.vars[k] for k in outer], [st.extents[k] for k in outer],
+                                 sched.parallel, "  ")
+        ind = "  " * (depth + 1)
+        ej_full, ej_rem, ei_rem = ej - ej % g.nr, ej % g.nr, ei % g.mr
+
+        def row_of_tiles(mr: int, ind: str) -> None:
+            # full-width tiles, then one narrower tile: every tile size is a compile-time constant
+            if ej_full:
+                lines.append(f"{ind}for (int64_t jt_ = 0; jt_ < {ej_full}; jt_ += {g.nr}) {{")
+                lines.extend(self._gemm_tile(red, a, b, epi, out, st, tile, ctype, mr, g.nr,
+                                             ind + "  "))
+                lines.append(f"{ind}}}")
+            if ej_rem:
+                lines.append(f"{ind}{{ const int64_t jt_ = {ej_full};")
+                lines.extend(self._gemm_tile(red, a, b, epi, out, st, tile, ctype, mr, ej_rem,
+                                             ind + "  "))
+                lines.append(f"{ind}}}")
+
+        if ei_full:
+            if not sched.parallel and ei_full >= 4 * g.mr:
+                lines.append(f"{ind}#pragma omp parallel for schedule(static)")
+            lines.append(f"{ind}for (int64_t it_ = 0; it_ < {ei_full}; it_ += {g.mr}) {{")
+            row_of_tiles(g.mr, ind + "  ")
+            lines.append(f"{ind}}}")
+        if ei_rem:
+            lines.append(f"{ind}{{ const int64_t it_ = {ei_full};")
+            row_of_tiles(ei_rem, ind + "  ")
+            lines.append(f"{ind}}}")
+        self._close_loops(lines, depth)
+        return ["  {"] + lines + ["  }"]
+
+    def _gemm_tile(self, red, a, b, epi, out, st, tile, ctype, mr, nr, ind) -> list[str]:
+        if ctype == "float" and nr % VL == 0:
+            return self._gemm_tile_vec(red, a, b, epi, out, st, tile, mr, nr, ind)
+        lines = [f"{ind}{ctype} acc_[{mr}][{nr}];",
+                 f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) for (int jj_ = 0; jj_ < {nr}; ++jj_) "
+                 f"acc_[ii_][jj_] = 0;"]
+        rvars = [v for v, _ in red.vars]
+        depth = self._open_loops(lines, rvars, [n for _, n in red.vars], 0, ind)
+        inner = ind + "  " * depth
+        lines.append(f"{inner}{ctype} bv_[{nr}];")
+        lines.append(f"{inner}for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")
+        lines.append(f"{inner}  bv_[jj_] = {self.expr(b, lines, inner + '  ')};")
+        lines.append(f"{inner}}}")
+        lines.append(f"{inner}for (int ii_ = 0; ii_ < {mr}; ++ii_) {{")
+        av = self.expr(a, lines, inner + "  ")
+        lines.append(f"{inner}  const {ctype} av_ = {av};")
+        lines.append(f"{inner}  for (int jj_ = 0; jj_ < {nr}; ++jj_) acc_[ii_][jj_] += av_ * bv_[jj_];")
+        lines.append(f"{inner}}}")
+        self._close_loops(lines, depth, len(ind) // 2 - 1)
+        lines.append(f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")
+        target = f"{_ident(out.name)}[{self.flat(out, [tile.get(v, v) for v in st.vars])}]"
+        value = self.expr(epi, lines, ind + "  ")
+        lines.append(f"{ind}  {target} = {self._to_storage(out.dtype, value)};")
+        lines.append(f"{ind}}}")
+        return lines
+
+    def _gemm_tile_vec(self, red, a, b, epi, out, st, tile, mr, nr, ind) -> list[str]:
+        """The same tile with explicit vector accumulators (GCC vector extensions), so the
+        compiler keeps all mr x nr/VL of them in registers."""
+        nv = nr // VL
+        lines = [f"{ind}dp_f32x16 " + ", ".join(f"c{i}_{v} = {{0}}" for i in range(mr)
+                                                for v in range(nv)) + ";"]
+        rvars = [v for v, _ in red.vars]
+        depth = self._open_loops(lines, rvars, [n for _, n in red.vars], 0, ind)
+        inner = ind + "  " * depth
+        base = self._contiguous_base(b, lines, inner)
+        if base is None:
+            lines.append(f"{inner}float bv_[{nr}];")
+            lines.append(f"{inner}for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")
+            lines.append(f"{inner}  bv_[jj_] = {self.expr(b, lines, inner + '  ')};")
+            lines.append(f"{inner}}}")
+            base = "bv_"
+        for v in range(nv):
+            lines.append(f"{inner}const dp_f32x16 b{v} = dp_load16({base} + {v * VL});")
+        for i in range(mr):
+            av = self.expr(substitute(a, {Var("ii_"): Const(i, DType.int64)}), lines, inner)
+            lines.append(f"{inner}{{ const float a_ = {av}; "
+                         + " ".join(f"c{i}_{v} += a_ * b{v};" for v in range(nv)) + " }")
+        self._close_loops(lines, depth, len(ind) // 2 - 1)
+        lines.append(f"{ind}float tile_[{mr}][{nr}];")
+        lines += [f"{ind}dp_store16(&tile_[{i}][{v * VL}], c{i}_{v});"
+                  for i in range(mr) for v in range(nv)]
+        tile_acc = Var("tile_[ii_][jj_]", red.dtype)
+        epi = transform(epi, lambda e: tile_acc if isinstance(e, Var) and e.name == "acc_[ii_][jj_]"
+                        else None)
+        lines.append(f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")
+        target = f"{_ident(out.name)}[{self.flat(out, [tile.get(v, v) for v in st.vars])}]"
+        lines.append(f"{ind}  {target} = {self._to_storage(out.dtype, self.expr(epi, lines, ind))};")
+        lines.append(f"{ind}}}")
+        return lines
+
+    def _contiguous_base(self, b: Expr, lines, ind) -> str | None:
+        """``&buf[...]`` of the tile's first b element when b reads a float buffer contiguously
+        along jj_ (the last index is ``jt_ + jj_`` and jj_ appears nowhere else)."""
+        if not isinstance(b, Load) or self.buffers[b.buf].dtype is not DType.float32:
+            return None
+        jj = Var("jj_")
+        last = b.index[-1]
+        if not (isinstance(last, Binary) and last.op is B.ADD and last.b == jj and
+                jj not in set(walk(last.a))):
+            return None
+        if any(jj in set(walk(i)) for i in b.index[:-1]):
+            return None
+        start = Load(b.buf, b.index[:-1] + (last.a,), b.dtype)
+        raw = self.expr(start, lines, ind)
+        return f"&{raw}"
 
     # ---- loops --------------------------------------------------------------------------
     def _open_loops(self, lines, vars_, extents, parallel: int, ind: str, simd=False) -> int:

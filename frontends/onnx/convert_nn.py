@@ -153,7 +153,8 @@ def convert_conv_transpose(cx, node, ins):
             begin = [t // 2 for t in total]
         else:
             begin = [t - t // 2 for t in total]
-        pads = tuple(begin) + tuple(t - bg for t, bg in zip(total, begin))
+        # output = full - begin - end, where full excludes output_padding
+        pads = tuple(begin) + tuple(t - bg - op for t, bg, op in zip(total, begin, out_pad))
     else:
         p = _ints(cx.attr(node, "pads"), (0,) * (2 * nsp))
         pads = p[:nsp] + tuple(p[nsp + i] - out_pad[i] for i in range(nsp))

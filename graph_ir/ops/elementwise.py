@@ -71,8 +71,9 @@ def _mod(a, b, fmod):
 
 
 def _pow(a, b):
-    if not _is_int(a):
-        return np.power(a, b.astype(a.dtype))
+    if not _is_int(a):  # float16 bases compute in float32 so the exponent stays exact
+        wide = np.float32 if a.dtype == np.float16 else a.dtype
+        return np.power(a.astype(wide), b.astype(wide))
     if _is_int(b):  # integer power; a negative exponent gives 0 (as the C lowering)
         out = np.power(a.astype(np.int64), np.maximum(b, 0).astype(np.int64))
         return np.where(b < 0, 0, out)

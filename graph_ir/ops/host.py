@@ -26,3 +26,31 @@ def _compress_shape(ins, a):
 
 # Compress with a runtime condition: the kept length is known only from the data.
 Compress = host("Compress", _compress_shape, lambda ins, a: [ins[0].dtype], axis=0)
+
+
+def _unique_shape(ins, a):
+    if a["axis"] is None:
+        y = ("unique_count",)
+    else:
+        y = list(ins[0].shape)
+        y[a["axis"]] = "unique_count"
+    n = ins[0].shape[a["axis"]] if a["axis"] is not None else _numel(ins[0].shape)
+    return [tuple(y), ("unique_count",), (n,), ("unique_count",)]
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        if not isinstance(d, int):
+            return "unique_input_numel"
+        n *= d
+    return n
+
+
+# Unique: values, first indices, inverse indices, counts (axis None: over the flattened input).
+Unique = host("Unique", _unique_shape, lambda ins, a: [ins[0].dtype] + [DType.int64] * 3,
+              axis=None, sorted=1)
+
+# NonMaxSuppression: selected [batch, class, box] rows; inputs 2..4 are optional scalars.
+NonMaxSuppression = host("NonMaxSuppression", lambda ins, a: [("nms_count", 3)],
+                         lambda ins, a: [DType.int64], center_point_box=0)

@@ -56,6 +56,8 @@ def _mod(a, x: Expr, y: Expr) -> Expr:
 
 
 def _pow(a, x: Expr, y: Expr) -> Expr:
+    if x.dtype in (DType.float16, DType.bfloat16):  # keep the exponent exact: pow in float32
+        return binary(B.POW, cast(x, DType.float32), cast(y, DType.float32))
     if x.dtype.is_float:
         return binary(B.POW, x, cast(y, x.dtype))
     if _is_int(y):  # integer power by squaring (negative exponents give 0)
