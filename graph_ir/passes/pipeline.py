@@ -15,6 +15,7 @@ from ..verify import verify
 from .cse import cse
 from .dce import dce
 from .fold import fold_constants
+from .fold_affine import fold_affine
 from .fuse import fuse
 from .simplify import simplify
 
@@ -23,6 +24,7 @@ PIPELINE = [
     ("fold", fold_constants),  # all-constant nodes -> constants (via the op references)
     ("cse", cse),  # one node per distinct computation
     ("dce", dce),  # drop what no output needs
+    ("fold_affine", fold_affine),  # BatchNorm (per-channel x*s+t) into conv weights and bias
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
 
