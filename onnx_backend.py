@@ -67,9 +67,11 @@ class DeployRep(BackendRep):
                                      constant_inputs=consts, **self.options)
                 return art.load(), set(consts)
             except NeedsConstant as e:
-                if e.value.name not in feed or e.value.name in self._const_names:
+                wanted = {v.name for v in getattr(e, "inputs", ())} | {e.value.name}
+                wanted = {n for n in wanted if n in feed} - self._const_names
+                if not wanted:
                     raise DeployError(str(e)) from None
-                self._const_names.add(e.value.name)
+                self._const_names |= wanted
         raise DeployError("could not specialize the model's shape inputs")
 
 

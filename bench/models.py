@@ -29,7 +29,7 @@ import numpy as np
 
 SEED = 0
 OPSET = 17
-FORMAT = 2  # bump to invalidate every cached export
+FORMAT = 3  # bump to invalidate every cached export
 CACHE_DIR = Path(os.environ.get("DEPLOY_MODELS_DIR", Path(__file__).resolve().parent / ".models"))
 
 
@@ -273,8 +273,8 @@ def export(module, specs: list[InputSpec], path: Path, exporter: str,
     with quiet, torch.no_grad():
         kwargs = dict(opset_version=OPSET, input_names=[s.name for s in specs],
                       output_names=["output"])
-        if exporter == "dynamo":  # it writes opset 18 natively; we convert down below
-            kwargs["opset_version"] = max(OPSET, 18)
+        if exporter == "dynamo":  # it writes opset 18 natively; to_opset17 converts it
+            kwargs["opset_version"] = 18
             torch.onnx.export(module, args, str(tmp), dynamo=True, external_data=False,
                               verbose=False, **kwargs)
         elif exporter == "torchscript":
@@ -284,8 +284,8 @@ def export(module, specs: list[InputSpec], path: Path, exporter: str,
         expected = module(*args).numpy()
     seconds = time.perf_counter() - start
     proto = onnx.load(str(tmp))
-    if proto.opset_import[0].version != OPSET:
-        proto = to_opset(proto, OPSET)
+    if proto.opset_import[0].version == 18:
+        proto = to_opset17(proto)
         onnx.save(proto, str(tmp))
     got = _ort_run(str(tmp), example)[0]
     os.replace(tmp, path)
@@ -296,28 +296,72 @@ def export(module, specs: list[InputSpec], path: Path, exporter: str,
             "nodes": len(proto.graph.node), "torch_vs_ort_max_abs": float(np.abs(got - expected).max())}
 
 
-def to_opset(proto, opset: int):
-    """onnx.version_converter, then drop what it leaves behind that ``opset`` does not know:
-    attributes added in later versions (ReduceMean-18 noop_with_empty_axes, Split-18
-    num_outputs; the latter becomes the explicit ``split`` sizes it implies)."""
+REDUCE_18 = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+             "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}
+
+
+def to_opset17(proto):
+    """Rewrite an opset-18 export as opset 17 (onnx.version_converter has no Split 18->17 adapter
+    and leaves opset-18 attributes behind). Reduce*-18: constant ``axes`` input -> attribute;
+    Split-18 ``num_outputs`` -> the explicit ``split`` sizes it implies. Any other op whose
+    schema changed at 18 is refused with its node name."""
     import onnx
-    from onnx import numpy_helper, version_converter
-    out = version_converter.convert_version(proto, opset)
+    from onnx import helper, numpy_helper
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
     shapes = _static_shapes(out)
+    consts = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
     for node in out.graph.node:
         if node.domain not in ("", "ai.onnx"):
             continue
-        known = onnx.defs.get_schema(node.op_type, opset, node.domain).attributes
-        stale = [a for a in node.attribute if a.name not in known]
-        for a in stale:
-            if node.op_type == "Split" and a.name == "num_outputs" and len(node.input) < 2:
-                sizes = _split_sizes(node, shapes, a.i)
-                name = f"{node.name or node.output[0]}_split_sizes"
-                out.graph.initializer.append(numpy_helper.from_array(sizes, name))
-                node.input.append(name)
-            node.attribute.remove(a)
+        if node.op_type in REDUCE_18:
+            _reduce_axes_to_attr(node, consts)
+        elif node.op_type == "Split":
+            _split_sizes_to_input(node, shapes, out.graph)
+        elif onnx.defs.get_schema(node.op_type, 18).since_version == 18:
+            raise ValueError(f"node {node.name} ({node.op_type}): changed at opset 18, "
+                             "no rewrite to opset 17 here")
+    del out.opset_import[:]
+    out.opset_import.append(helper.make_opsetid("", 17))
     onnx.checker.check_model(out, full_check=True)
     return out
+
+
+def _reduce_axes_to_attr(node, consts: dict) -> None:
+    # Reduce-18(x, axes) with constant axes == Reduce-13(x) with attribute axes
+    from onnx import helper
+    attrs = {a.name: a for a in node.attribute}
+    noop = attrs.pop("noop_with_empty_axes", None)
+    axes = consts.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    if len(node.input) > 1 and node.input[1] and axes is None:
+        raise ValueError(f"node {node.name} ({node.op_type}): axes is not a constant")
+    if axes is None and noop is not None and noop.i:
+        raise ValueError(f"node {node.name}: noop_with_empty_axes=1 without axes")
+    del node.attribute[:]
+    node.attribute.extend(attrs.values())
+    if axes is not None:
+        node.attribute.append(helper.make_attribute("axes", [int(v) for v in axes.ravel()]))
+    del node.input[1:]
+
+
+def _split_sizes_to_input(node, shapes: dict, graph) -> None:
+    # Split-18 num_outputs=n == Split-13 with split = n chunks of ceil(dim/n), the last smaller
+    from onnx import numpy_helper
+    parts = next((a for a in node.attribute if a.name == "num_outputs"), None)
+    if parts is None:
+        return
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    shape = shapes.get(node.input[0])
+    if not shape or shape[axis] <= 0:
+        raise ValueError(f"Split {node.name}: input shape unknown, cannot write split sizes")
+    dim, n = shape[axis], parts.i
+    chunk = -(-dim // n)
+    sizes = np.array([min(chunk, dim - k * chunk) for k in range(n)], np.int64)
+    name = f"{node.name or node.output[0]}_split_sizes"
+    graph.initializer.append(numpy_helper.from_array(sizes, name))
+    node.attribute.remove(parts)
+    del node.input[1:]
+    node.input.append(name)
 
 
 def _static_shapes(proto) -> dict[str, list[int]]:
@@ -325,17 +369,6 @@ def _static_shapes(proto) -> dict[str, list[int]]:
     inferred = onnx.shape_inference.infer_shapes(proto)
     vis = list(inferred.graph.value_info) + list(inferred.graph.input)
     return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in vis}
-
-
-def _split_sizes(node, shapes: dict, parts: int) -> np.ndarray:
-    # Split-18 num_outputs=n: chunks of ceil(dim / n), the last one smaller
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-    shape = shapes.get(node.input[0])
-    if not shape or shape[axis] <= 0:
-        raise ValueError(f"Split {node.name}: input shape unknown, cannot write split sizes")
-    dim = shape[axis]
-    chunk = -(-dim // parts)
-    return np.array([min(chunk, dim - k * chunk) for k in range(parts)], np.int64)
 
 
 @contextlib.contextmanager

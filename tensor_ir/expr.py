@@ -307,3 +307,22 @@ def transform(e: Expr, fn) -> Expr:
 def substitute(e: Expr, mapping: dict) -> Expr:
     """Replace variables by expressions (``{Var: Expr}``)."""
     return transform(e, lambda x: mapping.get(x) if isinstance(x, Var) else None)
+
+
+def affine_coeff(e: Expr, v: Var) -> int | None:
+    """d e / d v when ``e`` is affine in ``v`` with an integer coefficient, else None."""
+    if v not in set(walk(e)):
+        return 0
+    if isinstance(e, Var):
+        return 1
+    if isinstance(e, Binary) and e.op in (B.ADD, B.SUB):
+        ca, cb = affine_coeff(e.a, v), affine_coeff(e.b, v)
+        if ca is None or cb is None:
+            return None
+        return ca + cb if e.op is B.ADD else ca - cb
+    if isinstance(e, Binary) and e.op is B.MUL:
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(y, Const) and y.dtype is INDEX:
+                c = affine_coeff(x, v)
+                return None if c is None else c * int(y.value)
+    return None

@@ -20,6 +20,7 @@ def lower_fused(node: Node, name: str, constants: dict[Value, np.ndarray]) -> Ke
     outputs = [Buffer(names[v], tuple(v.shape), v.dtype) for v in node.outputs]
     temps: list[Buffer] = []
     stages: list[Stage] = []
+    aliases: list[tuple[Buffer, str]] = []
     for idx, member in enumerate(body.nodes):
         for v in member.outputs:
             if v not in names:
@@ -29,13 +30,23 @@ def lower_fused(node: Node, name: str, constants: dict[Value, np.ndarray]) -> Ke
         sub = lower_node(member, name, consts)
         rename = {f"in{k}": names[v] for k, v in enumerate(member.inputs) if v is not None}
         rename.update({f"out{k}": names[v] for k, v in enumerate(member.outputs)})
+        for buf in (*sub.inputs, *sub.outputs):  # a lowering may view an argument reshaped
+            v = _value_of(member, buf.name)
+            if buf.shape != tuple(v.shape):
+                rename[buf.name] = f"{names[v]}_view{idx}"
+                aliases.append((Buffer(rename[buf.name], buf.shape, buf.dtype), names[v]))
         for t in sub.temps:
             rename[t.name] = f"n{idx}_{t.name}"
             temps.append(Buffer(rename[t.name], t.shape, t.dtype))
         stages += [_rename_stage(s, rename, f"n{idx}_") for s in sub.stages]
     note = f"{node.attrs['pattern']}: " + ", ".join(f"{n.op.name} {n.name}" for n in body.nodes)
-    kernel = Kernel(name, inputs, outputs, temps, stages, note=note)
+    kernel = Kernel(name, inputs, outputs, temps, stages, note=note, aliases=aliases)
     return inline(kernel)
+
+
+def _value_of(member: Node, buf_name: str) -> Value:
+    kind, k = ("in", int(buf_name[2:])) if buf_name.startswith("in") else ("out", int(buf_name[3:]))
+    return member.inputs[k] if kind == "in" else member.outputs[k]
 
 
 def _rename_stage(s: Stage, bufs: dict[str, str], prefix: str) -> Stage:
@@ -106,4 +117,5 @@ def _inline_one(kernel: Kernel, k: int, stage: Stage) -> Kernel:
         index = None if s.store_index is None else tuple(transform(i, fn) for i in s.store_index)
         stages.append(Stage(s.out, s.vars, s.extents, transform(s.body, fn), index, s.accumulate))
     temps = [t for t in kernel.temps if t.name != stage.out]
-    return Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages, kernel.note)
+    return Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages, kernel.note,
+                  kernel.aliases)

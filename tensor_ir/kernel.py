@@ -54,9 +54,10 @@ class Kernel:
     temps: list[Buffer] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
     note: str = ""  # which graph nodes it came from, for inspect
+    aliases: list[tuple[Buffer, str]] = field(default_factory=list)  # (view, buffer it reshapes)
 
     def buffer(self, name: str) -> Buffer:
-        for b in (*self.inputs, *self.outputs, *self.temps):
+        for b in (*self.inputs, *self.outputs, *self.temps, *(a for a, _ in self.aliases)):
             if b.name == name:
                 return b
         raise KeyError(f"kernel {self.name} has no buffer {name}")

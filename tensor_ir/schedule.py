@@ -138,7 +138,13 @@ def rule_gemm_tile(stage: Stage) -> StageSchedule | None:
     if stage.extents[j] < 8 or stage.extents[i] < MR:
         return None
     outer = [k for k in range(len(stage.vars)) if k not in (i, j)]
-    parallel = len(outer) if outer and _work(stage) >= PARALLEL_MIN_WORK else 0
+    outer_points = 1
+    for k in outer:
+        outer_points *= stage.extents[k]
+    # threads share the outer loops when there are enough of them, else the row tiles
+    parallel = 0
+    if _work(stage) >= PARALLEL_MIN_WORK and outer_points >= 8:
+        parallel = _collapse(tuple(stage.extents[k] for k in outer), len(outer))
     return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, MR, NR, a, b))
 
 

@@ -17,6 +17,7 @@ import contextlib
 import glob
 import multiprocessing as mp
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -205,8 +206,10 @@ def _compare_array(o: np.ndarray, r: np.ndarray, rtol: float, atol: float, at: s
     try:
         np.testing.assert_allclose(o, r, rtol=rtol, atol=atol)
     except AssertionError as e:
-        lines = [s.strip() for s in str(e).splitlines() if s.strip().startswith(("Mismatch", "Max"))]
-        raise Mismatch("numeric-mismatch", f"{at}: " + "; ".join(lines)) from None
+        keep = ("Mismatch", "Max", "nan", "inf", "+inf", "-inf")
+        lines = [s.strip() for s in str(e).splitlines() if s.strip().startswith(keep)]
+        raise Mismatch("numeric-mismatch", f"{at}: " + "; ".join(lines or ["values differ"])) \
+            from None
     except TypeError as e:  # dtypes numpy cannot compare approximately (float8 ...)
         if not np.array_equal(o.view(np.uint8), r.view(np.uint8)):
             raise Mismatch("numeric-mismatch", f"{at}: bits differ ({e})") from None
@@ -286,6 +289,17 @@ def _run_ort(model, data_sets, case: Case, result: Result) -> None:
         result.status, result.detail = "runtime-error", _one_line(e)
 
 
+def selftest_crash(model, data_sets, case: Case, result: Result) -> None:
+    """A runner that segfaults: tests that isolation reports it as a ``crash``."""
+    import ctypes
+    ctypes.string_at(0)
+
+
+def selftest_hang(model, data_sets, case: Case, result: Result) -> None:
+    """A runner that never returns: tests that isolation reports it as a ``timeout``."""
+    time.sleep(3600)
+
+
 RUNNERS: dict[str, Callable] = {"deploy": _run_deploy, "ort": _run_ort}
 
 
@@ -293,12 +307,17 @@ def _name(backend: str | Callable) -> str:
     return backend if isinstance(backend, str) else backend.__name__
 
 
+ORT_MIN_OPSET = 7  # ONNX Runtime registers no kernels for op versions below opset 7
+
+
 def _ort_load_status(msg: str) -> str:
+    """Why InferenceSession refused a model: versions, a missing kernel, or anything else."""
     low = msg.lower()
     if "ir version" in low or "opset" in low and ("under development" in low or "support" in low):
         return "ir/opset-version"
     if "not_implemented" in low or "could not find an implementation" in low:
-        return "unsupported-op"
+        m = re.search(r"implementation for ([\w.:]+)\((\d+)\)", msg)
+        return "ir/opset-version" if m and int(m[2]) < ORT_MIN_OPSET else "unsupported-op"
     return "compile-error"
 
 
@@ -420,20 +439,25 @@ def _finished(r: _Running, timeout) -> bool:
 
 def _collect(r: _Running, timeout) -> Result:
     secs = round(time.monotonic() - r.start, 3)
-    try:
-        if r.conn.poll():
-            res = r.conn.recv()
-            r.proc.join(5)
-            return res
-    except (EOFError, OSError):
-        pass
+    res = _receive(r.conn)
+    if res is not None:
+        r.proc.join(5)
+        return res
+    if secs <= _limit(r, timeout):
+        r.proc.join(10)  # the pipe closed early: the process is dying, let it finish
     if r.proc.is_alive():
         _kill(r)
         return Result(r.case.name, r.case.kind, _name(r.backend), "timeout",
                       f"no result after {_limit(r, timeout):.0f} s", seconds=secs)
-    r.proc.join()
     return Result(r.case.name, r.case.kind, _name(r.backend), "crash",
                   f"exit {_signal_name(r.proc.exitcode)}: {_log_tail(r.workdir)}", seconds=secs)
+
+
+def _receive(conn) -> Result | None:
+    try:
+        return conn.recv() if conn.poll() else None
+    except (EOFError, OSError):
+        return None
 
 
 def _kill(r: _Running) -> None:

@@ -16,3 +16,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(skip)
+
+# The generated kernels use OpenMP. Tests run several compiles side by side (pytest-xdist), so
+# kernels default to one thread here; tests/test_threads.py runs with two on purpose.
+os.environ.setdefault("OMP_NUM_THREADS", "1")

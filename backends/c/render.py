@@ -11,11 +11,11 @@ from pathlib import Path
 
 from ...graph_ir.types import DType
 from ...tensor_ir.expr import (
-    B, R, U, Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, substitute, transform,
-    walk,
+    B, R, U, Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, affine_coeff, substitute,
+    transform, walk,
 )
 from ...tensor_ir.kernel import Buffer, Kernel, Stage
-from ...tensor_ir.schedule import StageSchedule, single_sum
+from ...tensor_ir.schedule import PARALLEL_MIN_WORK, StageSchedule, single_sum
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 
@@ -88,7 +88,8 @@ class CRenderer:
         return PRELUDE + "\n" + "\n".join(rendered)
 
     def kernel(self, k: Kernel, schedules: list[StageSchedule]) -> str:
-        self.buffers = {b.name: b for b in (*k.inputs, *k.outputs, *k.temps)}
+        self.buffers = {b.name: b for b in (*k.inputs, *k.outputs, *k.temps,
+                                            *(a for a, _ in k.aliases))}
         lines = [f"/* {k.note} */" if k.note else "", f"void {k.name}(void* const* args) {{"]
         for pos, b in enumerate((*k.inputs, *k.outputs)):
             ctype = b.dtype.c_type
@@ -97,6 +98,9 @@ class CRenderer:
         for t in k.temps:
             lines.append(f"  {t.dtype.c_type}* restrict {_ident(t.name)} = "
                          f"({t.dtype.c_type}*)malloc({max(t.numel, 1)} * sizeof({t.dtype.c_type}));")
+        for view, base in k.aliases:  # the same memory, indexed with another shape
+            lines.append(f"  {view.dtype.c_type}* {_ident(view.name)} = "
+                         f"({view.dtype.c_type}*){_ident(base)};")
         for stage, sched in zip(k.stages, schedules):
             lines.extend(self.stage(stage, sched))
         for t in k.temps:
@@ -184,7 +188,7 @@ class CRenderer:
                 lines.append(f"{ind}}}")
 
         if ei_full:
-            if not sched.parallel and ei_full >= 4 * g.mr:
+            if not sched.parallel and ei_full >= 2 * g.mr and _work_of(st) >= PARALLEL_MIN_WORK:
                 lines.append(f"{ind}#pragma omp parallel for schedule(static)")
             lines.append(f"{ind}for (int64_t it_ = 0; it_ < {ei_full}; it_ += {g.mr}) {{")
             row_of_tiles(g.mr, ind + "  ")
@@ -259,19 +263,15 @@ class CRenderer:
 
     def _contiguous_base(self, b: Expr, lines, ind) -> str | None:
         """``&buf[...]`` of the tile's first b element when b reads a float buffer contiguously
-        along jj_ (the last index is ``jt_ + jj_`` and jj_ appears nowhere else)."""
+        along jj_ (unit coefficient in the last index, none elsewhere)."""
         if not isinstance(b, Load) or self.buffers[b.buf].dtype is not DType.float32:
             return None
         jj = Var("jj_")
-        last = b.index[-1]
-        if not (isinstance(last, Binary) and last.op is B.ADD and last.b == jj and
-                jj not in set(walk(last.a))):
+        if affine_coeff(b.index[-1], jj) != 1 or any(affine_coeff(i, jj) != 0
+                                                      for i in b.index[:-1]):
             return None
-        if any(jj in set(walk(i)) for i in b.index[:-1]):
-            return None
-        start = Load(b.buf, b.index[:-1] + (last.a,), b.dtype)
-        raw = self.expr(start, lines, ind)
-        return f"&{raw}"
+        start = substitute(b, {jj: Const(0, DType.int64)})
+        return f"&{self.expr(start, lines, ind)}"
 
     # ---- loops --------------------------------------------------------------------------
     def _open_loops(self, lines, vars_, extents, parallel: int, ind: str, simd=False) -> int:
@@ -440,6 +440,16 @@ class CRenderer:
     def _fresh(self, prefix: str) -> str:
         self._tmp += 1
         return f"{prefix}{self._tmp}"
+
+
+def _work_of(st: Stage) -> int:
+    n = 1
+    for e in st.extents:
+        n *= e
+    for red in (x for x in walk(st.body) if isinstance(x, Reduce)):
+        for _, e in red.vars:
+            n *= e
+    return n
 
 
 def _ident(name: str) -> str:

@@ -82,7 +82,7 @@ def _composite(fn):
     in float32 for float16/bfloat16 inputs."""
     def convert(cx, node, ins):
         g, x = Alg(cx, node), ins[0]
-        attr = lambda key, default: cx.attr(node, key, default)  # noqa: E731
+        attr = lambda key, default: cx.attr(node, key, default)
         if x.dtype in LOW_PRECISION:
             return [g.cast(fn(g, g.cast(x, DType.float32), attr), x.dtype)]
         return [fn(g, x, attr)]

@@ -96,6 +96,7 @@ def import_onnx(model, shapes: dict[str, tuple] | None = None,
 
 
 def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> list[Value]:
+    cx.env = env  # control-flow converters convert subgraphs in this scope
     for init in g.initializer:
         if init.name not in env:
             env[init.name] = cx.b.const(_to_array(init), init.name)

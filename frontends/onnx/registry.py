@@ -6,7 +6,7 @@ omitted optional inputs). Many ONNX ops decompose into a few core primitives her
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -20,8 +20,9 @@ from ...graph_ir.graph import Value
 class NeedsConstant(Exception):
     """A converter needs the value of a runtime input (e.g. Reshape's shape)."""
 
-    def __init__(self, value: Value, what: str):
+    def __init__(self, value: Value, what: str, inputs: tuple = ()):
         self.value = value
+        self.inputs = tuple(inputs)  # the graph inputs ``value`` is computed from
         super().__init__(f"{what} must be a constant (or computable at compile time), "
                          f"but %{value.name} is only known at run time")
 
@@ -32,6 +33,7 @@ class OnnxCtx:
     opset: int  # version of the default ONNX domain
     node: onnx.NodeProto | None = None
     model_dir: str | None = None
+    env: dict = field(default_factory=dict)  # ONNX names in scope (subgraphs read outer ones)
 
     def attrs(self, node: onnx.NodeProto) -> dict:
         return {a.name: _attr_value(a) for a in node.attribute}
@@ -48,8 +50,23 @@ class OnnxCtx:
             return None
         arr = self.b.value_of(v)
         if arr is None:
-            raise NeedsConstant(v, what)
+            raise NeedsConstant(v, what, self.upstream_inputs(v))
         return arr
+
+    def upstream_inputs(self, v: Value) -> list[Value]:
+        """The graph inputs that ``v`` depends on (what a caller may specialize to constants)."""
+        producer = {o: n for n in self.b.nodes for o in n.outputs}
+        graph_inputs, seen, stack, found = set(self.b.inputs), set(), [v], []
+        while stack:
+            x = stack.pop()
+            if x is None or x in seen:
+                continue
+            seen.add(x)
+            if x in graph_inputs:
+                found.append(x)
+            elif x in producer:
+                stack.extend(producer[x].inputs)
+        return found
 
 
 def _attr_value(a: onnx.AttributeProto):
