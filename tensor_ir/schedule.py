@@ -40,7 +40,8 @@ class StageSchedule:
         return out
 
 
-def _work(stage: Stage) -> int:
+def stage_work(stage: Stage) -> int:
+    """Points times reduction extents: a proxy for a stage's cost."""
     n = 1
     for e in stage.extents:
         n *= e
@@ -79,7 +80,7 @@ def rule_contraction(stage: Stage) -> StageSchedule | None:
         n *= e
         inner += 1
     outer = len(stage.extents) - inner
-    parallel = _collapse(stage.extents, outer) if outer and _work(stage) >= PARALLEL_MIN_WORK else 0
+    parallel = _collapse(stage.extents, outer) if outer and stage_work(stage) >= PARALLEL_MIN_WORK else 0
     return StageSchedule(parallel=parallel, reduce_outer=outer)
 
 
@@ -95,7 +96,7 @@ def single_sum(stage: Stage) -> Reduce | None:
 
 
 def rule_generic(stage: Stage) -> StageSchedule:
-    if stage.extents and _work(stage) >= PARALLEL_MIN_WORK:
+    if stage.extents and stage_work(stage) >= PARALLEL_MIN_WORK:
         return StageSchedule(parallel=_collapse(stage.extents, len(stage.extents)))
     return StageSchedule()
 
@@ -143,7 +144,7 @@ def rule_gemm_tile(stage: Stage) -> StageSchedule | None:
         outer_points *= stage.extents[k]
     # threads share the outer loops when there are enough of them, else the row tiles
     parallel = 0
-    if _work(stage) >= PARALLEL_MIN_WORK and outer_points >= 8:
+    if stage_work(stage) >= PARALLEL_MIN_WORK and outer_points >= 8:
         parallel = _collapse(tuple(stage.extents[k] for k in outer), len(outer))
     return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, MR, NR, a, b))
 

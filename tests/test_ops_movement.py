@@ -130,7 +130,7 @@ CASES = {
               "j": np.array([[0, 1], [2, 3], [0, 1]], I64), "u2": rand(3)}, outputs=("y", "z")),
         Case("col2im", [n("Col2Im", ["x", "img", "blk"], ["y"], strides=[2, 1], pads=[1, 0, 1, 1],
                           dilations=[1, 2])],
-             {"x": rand(1, 12, 6)}, {"img": np.array([5, 4], I64), "blk": np.array([2, 3], I64)}),
+             {"x": rand(2, 12, 3)}, {"img": np.array([5, 4], I64), "blk": np.array([2, 3], I64)}),
     ],
 }
 

@@ -15,7 +15,7 @@ from ...tensor_ir.expr import (
     transform, walk,
 )
 from ...tensor_ir.kernel import Buffer, Kernel, Stage
-from ...tensor_ir.schedule import PARALLEL_MIN_WORK, StageSchedule, single_sum
+from ...tensor_ir.schedule import PARALLEL_MIN_WORK, StageSchedule, single_sum, stage_work
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 
@@ -188,7 +188,7 @@ class CRenderer:
                 lines.append(f"{ind}}}")
 
         if ei_full:
-            if not sched.parallel and ei_full >= 2 * g.mr and _work_of(st) >= PARALLEL_MIN_WORK:
+            if not sched.parallel and ei_full >= 2 * g.mr and stage_work(st) >= PARALLEL_MIN_WORK:
                 lines.append(f"{ind}#pragma omp parallel for schedule(static)")
             lines.append(f"{ind}for (int64_t it_ = 0; it_ < {ei_full}; it_ += {g.mr}) {{")
             row_of_tiles(g.mr, ind + "  ")
@@ -440,16 +440,6 @@ class CRenderer:
     def _fresh(self, prefix: str) -> str:
         self._tmp += 1
         return f"{prefix}{self._tmp}"
-
-
-def _work_of(st: Stage) -> int:
-    n = 1
-    for e in st.extents:
-        n *= e
-    for red in (x for x in walk(st.body) if isinstance(x, Reduce)):
-        for _, e in red.vars:
-            n *= e
-    return n
 
 
 def _ident(name: str) -> str:
