@@ -483,6 +483,11 @@ def _log_tail(workdir: str) -> str:
     except OSError:
         return ""
     lines = [s.strip() for s in text.splitlines() if s.strip()]
+    fatal = [i for i, s in enumerate(lines) if s.startswith("Fatal Python error")]
+    if fatal:  # faulthandler: the error, then the innermost frames first
+        i = fatal[-1]
+        frames = [s for s in lines[i + 1:] if s.startswith("File")][:3]
+        return " | ".join([lines[i], *frames])[:300]
     return " | ".join(lines[-4:])[:300]
 
 

@@ -109,7 +109,12 @@ def test_model_via_export(name):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_model_via_torch_compile(name, caplog):
+def test_model_via_torch_compile(name, caplog, monkeypatch):
+    from deploy.frontends.torch.dynamo import DeployCompiled
+    calls = []
+    original = DeployCompiled.__call__
+    monkeypatch.setattr(DeployCompiled, "__call__",
+                        lambda self, *a: calls.append(1) or original(self, *a))
     torch.manual_seed(0)
     torch._dynamo.reset()
     cls, inputs = MODELS[name]
@@ -118,6 +123,7 @@ def test_model_via_torch_compile(name, caplog):
     with caplog.at_level(logging.WARNING, logger="deploy.torch"), torch.no_grad():
         out = compiled(*args)
     assert not [r for r in caplog.records if "eagerly" in r.getMessage()], caplog.text
+    assert calls, "the deploy artifact did not run"
     assert_close(out, eager(module, args)[0], name)
 
 
@@ -487,6 +493,13 @@ def test_bad_inputs_are_model_errors(tmp_path):
         deploy.compile(str(tmp_path / "bad.pt2"))
     with pytest.raises(deploy.ModelError, match="example_inputs"):
         deploy.compile(MLP())
+
+
+def test_docs_list_the_supported_ops():
+    from deploy.frontends.torch.docs import ops_table
+    doc = (__import__("pathlib").Path(__file__).resolve().parents[1] / "docs" / "torch.md")
+    assert ops_table() in doc.read_text(), \
+        "docs/torch.md is stale: python -m deploy.frontends.torch.docs --write"
 
 
 def test_import_deploy_without_torch():
