@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
+from . import __version__, config
 from .backends.c.render import CRenderer
 from .backends.c.toolchain import build_shared_library
-from .errors import NotImplementedYetError, TargetError, UnsupportedOpsError
+from .errors import DeployError, NotImplementedYetError, TargetError, UnsupportedOpsError
 from .graph_ir.graph import Graph, Node, Value
 from .graph_ir.ops import Kind
 from .graph_ir.ops import movement
@@ -26,7 +26,9 @@ from .graph_ir.passes import run_pipeline
 from .graph_ir.printer import print_graph
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
+from .backends.c.tune import tune_kernels
 from .tensor_ir.fuse import lower_fused
+from .tensor_ir.tuning_db import TuningDB
 from .tensor_ir.memory import MemoryPlan, plan_memory
 from .tensor_ir.lower import LOWERINGS, lower_node
 from .tensor_ir.schedule import default_schedule
@@ -77,7 +79,7 @@ def import_model(model, shapes=None, constant_inputs=None, example_inputs=None,
 def compile(model, target: str | Target = "host", shapes: dict | None = None,
             dump_dir: str | None = None, constant_inputs: dict | None = None,
             tune: str = "none", example_inputs=None, dynamic_shapes=None,
-            **options) -> Artifact:
+            tuning_db: str | None = None, budget=None, **options) -> Artifact:
     """Compile ``model`` (path to .onnx/.pt2, onnx.ModelProto, ExportedProgram, or an nn.Module
     with ``example_inputs`` and optional ``dynamic_shapes``, exported for the caller)."""
     timings: dict[str, float] = {}
@@ -102,7 +104,14 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
     plan = _plan(graph)
     memory = _plan_memory(graph, plan)
     lap("lower")
-    members, kernels = _build(plan, tgt, dump)
+    db = TuningDB(tuning_db or config.tuning_db_path())
+    if tune not in ("none", None):
+        tuned = tune_kernels(plan.kernels, tune, target_features(tgt), tuple(tgt.cc_flags),
+                             _budget_seconds(budget), db, log=options.get("log", print))
+        db.save()
+        timings["tune_gain"] = round(tuned.gain(), 3)
+        lap("tune")
+    members, kernels = _build(plan, tgt, dump, db)
     lap("render+build")
     manifest = _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model)
     manifest["memory"] = {"arena_bytes": memory.arena_bytes,
@@ -130,9 +139,8 @@ def _check_supported(tgt: Target, tune: str) -> None:
         raise NotImplementedYetError(
             f"target {tgt.name}: the {tgt.backend} backend is not implemented yet; CPU targets "
             "(backend: c, e.g. host, x86_64-avx2, x86_64-avx512) compile today")
-    if tune not in ("none", None):
-        raise NotImplementedYetError(f"tune={tune!r}: autotuning is not implemented yet; "
-                                     "use tune='none' (the default schedules)")
+    if tune not in ("none", "quick", "full", None):
+        raise DeployError(f"tune={tune!r}: expected one of none, quick, full")
     host = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
                                                        platform.machine().lower())
     arch = tgt.triple.split("-")[0] if tgt.triple else host
@@ -219,16 +227,56 @@ def _json_attrs(node: Node) -> dict:
     return out
 
 
-def _build(plan: Plan, tgt: Target, dump: Path | None) -> tuple[dict[str, bytes], list[dict]]:
+def _budget_seconds(budget) -> float:
+    """'10m', '90s', '1h' or a number of seconds."""
+    if budget is None:
+        return 600.0
+    text = str(budget).strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(text[-1:], None)
+    try:
+        return float(text[:-1]) * scale if scale else float(text)
+    except ValueError:
+        raise DeployError(f"--budget {budget!r}: expected e.g. 90s, 10m or 1h") from None
+
+
+def target_features(tgt: Target) -> dict:
+    """The target's features; for ``native`` targets the ISA is read off this CPU, so records
+    made here apply on any machine with the same vector features."""
+    feats = tgt.features()
+    if tgt.arch == "native":
+        feats = dict(feats, arch=_host_isa_level(), isa=_host_isa())
+    return feats
+
+
+def _host_isa() -> list[str]:
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "asimd")
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    return [f for f in wanted if f in flags]
+
+
+def _host_isa_level() -> str:
+    isa = set(_host_isa())
+    return "x86-64-v4" if "avx512f" in isa else "x86-64-v3" if "avx2" in isa else \
+        platform.machine()
+
+
+def _build(plan: Plan, tgt: Target, dump: Path | None,
+           db: TuningDB | None = None) -> tuple[dict[str, bytes], list[dict]]:
     if not plan.kernels:
         return {}, []
     renderer = CRenderer()
     sources, info = [], []
+    feats = target_features(tgt)
     for k in plan.kernels:
-        sched = default_schedule(k)
+        h = k.structural_hash()
+        tuned = db.lookup(h, feats) if db is not None else None
+        sched = default_schedule(k, tuned)
         src = renderer.kernel(k, sched)
         sources.append(src)
-        info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
+        info.append({"symbol": k.name, "note": k.note, "hash": h, "tuned": tuned is not None,
                      "schedule": [s.describe() for s in sched]})
     jobs = os.cpu_count() or 1
     chunks = [renderer.module(sources[i::jobs]) for i in range(min(jobs, len(sources)))]

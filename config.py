@@ -4,6 +4,8 @@ DEPLOY_DEBUG=0..4   0 quiet; 1 run the verifier after every pass; 2 also show tr
                     user errors; 3 keep build directories; 4 print generated C per kernel.
 DEPLOY_DUMP_DIR     default for --dump-dir.
 DEPLOY_CACHE_DIR    where compiled libraries are cached (default ~/.cache/deploy).
+DEPLOY_TUNING_DB    the tuning database used when --tuning-db is not given
+                    (default ~/.cache/deploy/tuning.jsonl).
 """
 from __future__ import annotations
 
@@ -19,3 +21,8 @@ def debug_level() -> int:
 
 def dump_dir() -> str | None:
     return os.environ.get("DEPLOY_DUMP_DIR") or None
+
+
+def tuning_db_path() -> str:
+    return os.environ.get("DEPLOY_TUNING_DB") or os.path.join(
+        os.path.expanduser("~"), ".cache", "deploy", "tuning.jsonl")

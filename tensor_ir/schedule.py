@@ -40,6 +40,11 @@ class StageSchedule:
         return out
 
 
+def tunable_stages(kernel: Kernel) -> list[int]:
+    """Stages whose schedule has a tuning space (register-tiled contractions)."""
+    return [k for k, st in enumerate(kernel.stages) if rule_gemm_tile(st) is not None]
+
+
 def stage_work(stage: Stage) -> int:
     """Points times reduction extents: a proxy for a stage's cost."""
     n = 1
@@ -116,8 +121,15 @@ def _operand_ok(e: Expr) -> bool:
 
 MR, NR = 4, 32  # 4 rows x 2 AVX-512 vectors of 16 floats: 8 accumulator registers
 
+# The tuning space declared beside the rule, in levels: (mr, nr) register-tile shapes.
+GEMM_SPACE = {
+    "quick": [(4, 32), (6, 32), (8, 16), (2, 64), (4, 16)],
+    "full": [(mr, nr) for mr in (1, 2, 3, 4, 5, 6, 8, 12) for nr in (16, 32, 48, 64)
+             if mr * nr // 16 <= 24],
+}
 
-def rule_gemm_tile(stage: Stage) -> StageSchedule | None:
+
+def rule_gemm_tile(stage: Stage, mr: int = MR, nr: int = NR) -> StageSchedule | None:
     # out[.., i, .., j] = epi(sum_r a(i, r) * b(j, r)) -> a register tile over (i, j)
     red = single_sum(stage)
     if red is None or red.dtype.c_type != "float" or not isinstance(red.body, Binary) \
@@ -136,7 +148,7 @@ def rule_gemm_tile(stage: Stage) -> StageSchedule | None:
         j, i, a, b = only_y[-1], only_x[-1], x, y
     else:
         j, i, a, b = only_x[-1], only_y[-1], y, x
-    if stage.extents[j] < 8 or stage.extents[i] < MR:
+    if stage.extents[j] < 8 or stage.extents[i] < mr:
         return None
     outer = [k for k in range(len(stage.vars)) if k not in (i, j)]
     outer_points = 1
@@ -146,15 +158,23 @@ def rule_gemm_tile(stage: Stage) -> StageSchedule | None:
     parallel = 0
     if stage_work(stage) >= PARALLEL_MIN_WORK and outer_points >= 8:
         parallel = _collapse(tuple(stage.extents[k] for k in outer), len(outer))
-    return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, MR, NR, a, b))
+    return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, mr, nr, a, b))
 
 
 RULES = [rule_scatter, rule_gemm_tile, rule_contraction]
 
 
-def default_schedule(kernel: Kernel) -> list[StageSchedule]:
+def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None) -> list[StageSchedule]:
+    """The rules' schedule per stage; ``overrides`` (stage index -> tuned parameters, from the
+    tuning database or a search) replace the rules' default parameters where they apply."""
     out = []
-    for stage in kernel.stages:
+    for k, stage in enumerate(kernel.stages):
+        tuned = (overrides or {}).get(k)
+        if tuned and "mr" in tuned:
+            sched = rule_gemm_tile(stage, tuned["mr"], tuned["nr"])
+            if sched is not None:
+                out.append(sched)
+                continue
         for rule in RULES:
             sched = rule(stage)
             if sched is not None:

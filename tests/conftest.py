@@ -20,3 +20,9 @@ def pytest_collection_modifyitems(config, items):
 # The generated kernels use OpenMP. Tests run several compiles side by side (pytest-xdist), so
 # kernels default to one thread here; tests/test_threads.py runs with two on purpose.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Hermetic tuning database: tests never read or write the user's ~/.cache/deploy records.
+import tempfile  # noqa: E402
+
+os.environ.setdefault("DEPLOY_TUNING_DB",
+                      os.path.join(tempfile.mkdtemp(prefix="deploy-test-db-"), "tuning.jsonl"))

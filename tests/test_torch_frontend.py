@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
-import deploy  # noqa: E402
-from deploy.frontends.torch import import_torch, list_ops, supported_aten_ops  # noqa: E402
-from deploy.frontends.torch.importer import UnsupportedAtenOpsError  # noqa: E402
-from deploy.graph_ir.interpreter import interpret  # noqa: E402
+import deploy
+from deploy.frontends.torch import import_torch, list_ops, supported_aten_ops
+from deploy.frontends.torch.importer import UnsupportedAtenOpsError
+from deploy.graph_ir.interpreter import interpret
 
 RTOL, ATOL = 1e-3, 1e-4
 

@@ -15,8 +15,15 @@ from . import (  # noqa: F401  (imports register the converters)
     convert_reduction,
 )
 from .dynamo import deploy_backend, register
-from .importer import (KEEP, UnsupportedAtenOpsError, decompose, import_torch, list_ops,
-                       load_program, unsupported_ops)
+from .importer import (
+    KEEP,
+    UnsupportedAtenOpsError,
+    decompose,
+    import_torch,
+    list_ops,
+    load_program,
+    unsupported_ops,
+)
 from .registry import ATEN, TorchCtx, aten, missing_core_ops, op_name
 
 register()

@@ -29,8 +29,7 @@ def _operands(cx: TorchCtx, dtype: DType, *xs):
 
 # ---- arithmetic: operands cast to the output dtype ----------------------------------------
 
-BINARY = {A.add: "Add", A.sub: "Sub", A.mul: "Mul", A.maximum: "Max", A.minimum: "Min",
-          A.fmax: "Max", A.fmin: "Min"}
+BINARY = {A.add: "Add", A.sub: "Sub", A.mul: "Mul", A.maximum: "Max", A.minimum: "Min"}
 
 
 def _binary(name: str):
@@ -311,7 +310,7 @@ def convert_leaky_relu(cx, node, x, slope=0.01):
 def convert_elu(cx, node, x, alpha=1.0, scale=1.0, input_scale=1.0):
     # scale * (x > 0 ? x : alpha * (exp(x * input_scale) - 1))
     dt = x.dtype
-    s = lambda v: cx.scalar(v, dt)  # noqa: E731
+    s = lambda v: cx.scalar(v, dt)
     neg = cx.op("Mul", cx.op("Sub", cx.op("Exp", cx.op("Mul", x, s(input_scale))), s(1.0)),
                 s(alpha))
     y = cx.op("Where", cx.op("Less", s(0.0), x), x, neg)

@@ -24,9 +24,10 @@ def ops_table() -> str:
         family = entry.fn.__module__.rsplit("convert_", 1)[-1]
         by_family.setdefault(family, []).append(op_name(target))
     total = sum(len(v) for v in by_family.values())
-    lines = [BEGIN, "", f"{total} ATen overloads convert today "
-             f"(plus Python symbolic-size arithmetic and `operator.getitem`). "
-             f"Kept whole by the decomposition: {', '.join(f'`{op_name(k)}`' for k in KEEP)}.", ""]
+    kept = ", ".join(f"`{op_name(k)}`" for k in KEEP)
+    intro = (f"{total} ATen overloads convert today (plus Python symbolic-size arithmetic and "
+             f"`operator.getitem`). Kept whole by the decomposition: {kept}.")
+    lines = [BEGIN, "", intro, ""]
     for family, names in by_family.items():
         lines.append(f"**{family}** ({len(names)}): " + ", ".join(
             f"`{n.removeprefix('aten.')}`" for n in sorted(names)))

@@ -79,7 +79,7 @@ def deploy_backend(gm: torch.fx.GraphModule, example_inputs, target: str = "host
     except DeployError as e:
         log.warning("deploy: graph runs eagerly: %s", str(e).splitlines()[0])
         return gm.forward
-    except Exception as e:  # torch.export may refuse a dynamo graph
+    except Exception as e:  # noqa: BLE001  (torch.export may refuse a dynamo graph)
         log.warning("deploy: graph runs eagerly: torch.export failed (%s: %s)", type(e).__name__,
                     str(e).splitlines()[0] if str(e) else "")
         return gm.forward
@@ -96,6 +96,11 @@ def _one_line(e: UnsupportedOpsError) -> str:
 
 def register() -> None:
     """Make ``backend="deploy"`` known to torch.compile (idempotent)."""
-    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
-    if "deploy" not in _COMPILER_FNS:
-        register_backend(deploy_backend, name="deploy")
+    from importlib.metadata import EntryPoint
+
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
+    # an installed `torch_dynamo_backends` entry point that torch already discovered is loaded
+    # (and registered) by torch itself; registering here too would be a duplicate
+    if "deploy" in _COMPILER_FNS or isinstance(_BACKENDS.get("deploy"), EntryPoint):
+        return
+    register_backend(deploy_backend, name="deploy")

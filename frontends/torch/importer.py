@@ -42,8 +42,8 @@ class UnsupportedAtenOpsError(UnsupportedOpsError):
 
     def __init__(self, rows: list[tuple[str, list[str], str]], source: str):
         missing = [(nodes[0], op, None, why) for op, nodes, why in rows]
-        lines = [f"{source}: {len(rows)} unsupported ATen op(s) "
-                 f"({sum(len(n) for _, n, _ in rows)} node(s)):"]
+        count = sum(len(n) for _, n, _ in rows)
+        lines = [f"{source}: {len(rows)} unsupported ATen op(s) ({count} node(s)):"]
         for op, nodes, why in rows:
             shown = ", ".join(nodes[:5]) + (", ..." if len(nodes) > 5 else "")
             lines.append(f"  - {op} x{len(nodes)} (node{'s' if len(nodes) > 1 else ''} {shown})"
@@ -66,7 +66,7 @@ def load_program(model, example_inputs=None, dynamic_shapes=None) -> tuple:
             raise ModelError(f"{path}: no such file")
         try:
             return torch.export.load(path), path
-        except Exception as e:  # torch raises many types for foreign or corrupt files
+        except Exception as e:  # noqa: BLE001  (torch raises many types for corrupt files)
             raise ModelError(f"{path}: not a torch.export program saved with torch.export.save "
                              f"({type(e).__name__}: {e})") from None
     if isinstance(model, torch.nn.Module):
@@ -78,7 +78,7 @@ def load_program(model, example_inputs=None, dynamic_shapes=None) -> tuple:
         try:
             return torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes), \
                 type(model).__name__
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (export failures come in many types)
             raise ModelError(f"torch.export.export({type(model).__name__}) failed: "
                              f"{type(e).__name__}: {e}") from None
     raise ModelError(f"cannot import a {type(model).__name__}: expected a "
@@ -97,9 +97,7 @@ def decompose(ep):
 
 def _compute_nodes(ep):
     for node in ep.graph_module.graph.nodes:
-        if node.op == "call_function" and node.target not in IGNORED:
-            yield node
-        elif node.op in ("call_module", "call_method", "get_attr"):
+        if node.op == "call_function" and node.target not in IGNORED or node.op in ("call_module", "call_method", "get_attr"):
             yield node
 
 
@@ -311,7 +309,7 @@ def _range(ep, sym) -> list:
     vr = ep.range_constraints.get(sym)
     if vr is None:
         return [None, None]
-    conv = lambda x: int(x) if x.is_finite else None  # noqa: E731
+    conv = lambda x: int(x) if x.is_finite else None
     return [conv(vr.lower), conv(vr.upper)]
 
 

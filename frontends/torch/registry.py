@@ -9,8 +9,9 @@ inspects the fx node and returns a reason string when this particular use is not
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

@@ -1,0 +1,64 @@
+"""Time one kernel for real: render it with a candidate schedule, add a small C harness that
+allocates its buffers (floats filled with small values, integers with zeros, so any gather index
+is in range), build a shared library and call the harness through ctypes."""
+from __future__ import annotations
+
+import ctypes
+import tempfile
+from pathlib import Path
+
+from ...tensor_ir.kernel import Kernel
+from ...tensor_ir.schedule import StageSchedule
+from .render import CRenderer
+from .toolchain import build_shared_library
+
+HARNESS = """
+#include <time.h>
+double dp_bench_{name}(int reps) {{
+  void* args[{n}];
+{allocs}
+  {name}(args);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int r = 0; r < reps; ++r) {name}(args);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+{frees}
+  return ((t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9) / reps;
+}}
+"""
+
+
+def _harness(k: Kernel) -> str:
+    bufs = [*k.inputs, *k.outputs]
+    allocs, frees = [], []
+    for pos, b in enumerate(bufs):
+        ctype = b.dtype.c_type
+        allocs.append(f"  args[{pos}] = calloc({max(b.numel, 1)}, sizeof({ctype}));")
+        if b.dtype.is_float and ctype in ("float", "double"):
+            allocs.append(f"  for (long i = 0; i < {b.numel}; ++i) (({ctype}*)args[{pos}])[i] = "
+                          f"(({ctype})(i % 13) - 6) * ({ctype})0.01;")
+        frees.append(f"  free(args[{pos}]);")
+    return HARNESS.format(name=k.name, n=max(len(bufs), 1), allocs="\n".join(allocs),
+                          frees="\n".join(frees))
+
+
+def time_kernels(candidates: list[tuple[Kernel, list[StageSchedule]]], flags: tuple[str, ...],
+                 reps: int = 5) -> list[float]:
+    """Seconds per call of each (kernel, schedule) candidate; all built in one library."""
+    renderer = CRenderer()
+    sources = []
+    renamed = []
+    for idx, (k, sched) in enumerate(candidates):
+        kk = Kernel(f"cand{idx}", k.inputs, k.outputs, k.temps, k.stages, k.note, k.aliases)
+        renamed.append(kk)
+        sources.append(renderer.kernel(kk, sched) + _harness(kk))
+    with tempfile.TemporaryDirectory(prefix="deploy-tune-") as tmp:
+        lib_path = build_shared_library([renderer.module(sources)], Path(tmp) / "bench.so", flags)
+        lib = ctypes.CDLL(str(lib_path))
+        out = []
+        for kk in renamed:
+            fn = getattr(lib, f"dp_bench_{kk.name}")
+            fn.restype = ctypes.c_double
+            fn.argtypes = [ctypes.c_int]
+            out.append(min(fn(reps) for _ in range(3)))
+        return out
