@@ -207,19 +207,17 @@ def cmd_tune(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .frontends.onnx import list_ops, load_model
     from .targets import load_target
     target = load_target(args.target)
-    proto, _ = load_model(args.model)
-    rows = list_ops(proto)
+    model, rows = _model_ops(args.model)
     _print_op_table(rows, args.all_nodes)
     bad = [r for r in rows if not r[3]]
     if bad:
         print(f"\n{len(bad)} of {len(rows)} nodes unsupported:")
         for name, op, opset, _ in bad:
-            print(f"  - node '{name}': {op} (opset {opset})")
+            print(f"  - node '{name}': {op}" + (f" (opset {opset})" if opset is not None else ""))
         return 1
-    problem = _lowering_problem(proto, target, parse_shapes(args.shape))
+    problem = _lowering_problem(model, target, parse_shapes(args.shape))
     if problem:
         print(f"\nthe model imports, but: {problem}")
         return 1
@@ -231,18 +229,37 @@ def cmd_check(args) -> int:
     return 0
 
 
+def _model_ops(path: str) -> tuple[object, list[tuple]]:
+    """The loaded model and its (node name, op, opset, supported) rows: ONNX or .pt2."""
+    if path.endswith(".pt2"):
+        try:
+            from .frontends.torch import list_ops as torch_ops
+        except ImportError:
+            raise UsageError(f"{path}: reading torch.export programs needs torch "
+                             "(pip install torch)") from None
+        return path, torch_ops(path)
+    from .frontends.onnx import list_ops, load_model
+    proto, _ = load_model(path)
+    return proto, list_ops(proto)
+
+
 def _print_op_table(rows, all_nodes: bool) -> None:
     if all_nodes:
         print(f"{'node':<32} {'op':<24} {'opset':>5}  status")
         for name, op, opset, ok in rows:
-            print(f"{name:<32} {op:<24} {opset!s:>5}  {'supported' if ok else 'UNSUPPORTED'}")
+            print(f"{name:<32} {op:<24} {_opset(opset):>5}  "
+                  f"{'supported' if ok else 'UNSUPPORTED'}")
         return
     groups: dict[tuple, int] = {}
     for _, op, opset, ok in rows:
         groups[(op, opset, ok)] = groups.get((op, opset, ok), 0) + 1
     print(f"{'op':<28} {'opset':>5} {'nodes':>6}  status")
     for (op, opset, ok), n in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][0])):
-        print(f"{op:<28} {opset!s:>5} {n:>6}  {'supported' if ok else 'UNSUPPORTED'}")
+        print(f"{op:<28} {_opset(opset):>5} {n:>6}  {'supported' if ok else 'UNSUPPORTED'}")
+
+
+def _opset(opset) -> str:
+    return "-" if opset is None else str(opset)
 
 
 def _lowering_problem(proto, target, shapes) -> str | None:

@@ -34,6 +34,8 @@ class DType(enum.Enum):
 
     @property
     def np(self) -> np.dtype:
+        if self is DType.bfloat16:
+            return _BF16
         return np.dtype(self.value[0])
 
     @property
@@ -76,7 +78,19 @@ class DType(enum.Enum):
             raise TypeError(f"ONNX element type {code} is not supported") from None
 
 
+def _bfloat16_dtype() -> np.dtype:
+    """ml_dtypes' bfloat16 (installed with onnx) for references; raw uint16 bits otherwise."""
+    try:
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    except ImportError:
+        return np.dtype("uint16")
+
+
+_BF16 = _bfloat16_dtype()
 _FROM_NP = {d.np: d for d in DType if d is not DType.bfloat16}
+if _BF16.name == "bfloat16":
+    _FROM_NP[_BF16] = DType.bfloat16
 _FROM_ONNX = {d.onnx: d for d in DType}
 
 

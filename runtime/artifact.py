@@ -23,6 +23,8 @@ def sha256(data: bytes) -> str:
 
 
 def array_bytes(arr: np.ndarray) -> bytes:
+    if arr.dtype.name == "bfloat16":
+        arr = arr.view(np.uint16)  # .npy has no bfloat16: store the bits
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(arr).reshape(np.shape(arr)), allow_pickle=False)
     return buf.getvalue()

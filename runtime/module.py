@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ArtifactError, InputError
 from .artifact import read_artifact
+from .dtypes import storage_dtype, user_dtype
 from .host_ops import HOST_OPS
 from .specs import TensorSpec, validate_inputs
 
@@ -39,7 +40,7 @@ class Module:
         self.manifest = m = contents.manifest
         self.input_specs = [TensorSpec.from_json(d) for d in m["inputs"]]
         self.output_specs = [TensorSpec.from_json(d) for d in m["outputs"]]
-        self.values = {int(k): (np.dtype(v["dtype"]), tuple(v["shape"]))
+        self.values = {int(k): (storage_dtype(v["dtype"]), tuple(v["shape"]))
                        for k, v in m["values"].items()}
         self.constants = {int(k): contents.array(name) for k, name in m["constants"].items()}
         self.steps = m["steps"]
@@ -83,7 +84,9 @@ class Module:
         for step in self.steps:
             self._step(step, env, arena)
         owned = self._owned_outputs
-        return [env[vid] if vid in owned else env[vid].copy() for vid in self.manifest["output_ids"]]
+        outs = [env[vid] if vid in owned else env[vid].copy() for vid in self.manifest["output_ids"]]
+        return [o.view(user_dtype(spec.dtype)) if spec.dtype == "bfloat16" else o
+                for o, spec in zip(outs, self.output_specs)]
 
     def _alloc(self, vid: int, arena) -> np.ndarray:
         dtype, shape = self.values[vid]

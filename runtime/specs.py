@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from .dtypes import accepts, storage_dtype
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
     out = []
     for spec, arr in zip(specs, given):
         arr = np.asarray(arr)
-        if arr.dtype != np.dtype(spec.dtype) and not (spec.dtype == "bool" and arr.dtype == bool):
+        if not accepts(spec.dtype, arr.dtype):
             raise InputError(f"input '{spec.name}': expected dtype {spec.dtype}, got {arr.dtype} "
                              f"(convert with .astype('{spec.dtype}'))")
         if tuple(arr.shape) != tuple(spec.shape):
@@ -47,5 +48,6 @@ def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
             raise InputError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
                              f"got {list(arr.shape)} (the artifact is compiled for fixed shapes; "
                              f"recompile with --shape {spec.name}={dims} for this one)")
-        out.append(np.ascontiguousarray(arr).reshape(arr.shape))  # 0-d stays 0-d
+        arr = np.ascontiguousarray(arr).reshape(arr.shape)  # 0-d stays 0-d
+        out.append(arr.view(storage_dtype(spec.dtype)))
     return out

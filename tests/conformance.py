@@ -93,7 +93,7 @@ def _node_cases() -> list[Case]:
 
     import onnx
     from onnx.backend.test.loader import load_model_tests
-    path = os.path.join(CACHE_DIR, f"onnx-{onnx.__version__}-node-cases.pkl")
+    path = os.path.join(CACHE_DIR, f"onnx-{onnx.__version__}-node-cases-v1.pkl")
     if os.path.exists(path):
         with open(path, "rb") as f:
             return pickle.load(f)

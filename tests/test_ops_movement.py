@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from deploy.graph_ir.ops import movement as mv
 from onnx import TensorProto, helper, numpy_helper
 
-from deploy.graph_ir.ops import movement as mv
 from tests.util import run_deploy, run_ort
 
 RNG = np.random.default_rng(7)
@@ -71,8 +71,10 @@ CASES = {
         Case("expand", [n("Expand", ["x", "s"], ["y"])], {"x": rand(3, 1)},
              {"s": np.array([2, 1, 4], I64)}),
         Case("tile", [n("Tile", ["x", "r"], ["y"])], {"x": rand(2, 3)}, {"r": np.array([2, 3], I64)}),
-        Case("gather", [n("Gather", ["x", "i"], ["y"], axis=1), n("Gather", ["x", "j"], ["z"])],
-             {"x": rand(3, 5, 2), "i": idx(2, 2, hi=5), "j": np.array(-1, I64)}, outputs=("y", "z")),
+        Case("gather", [n("Gather", ["x", "i"], ["y"], axis=1), n("Gather", ["x", "j"], ["z"]),
+                        n("Gather", ["x", "c"], ["w"], axis=1)],
+             {"x": rand(3, 5, 2), "i": idx(2, 2, hi=5), "j": np.array(-1, I64)},
+             {"c": np.array(-2, I64)}, outputs=("y", "z", "w")),
         Case("gather_elements", [n("GatherElements", ["x", "i"], ["y"], axis=0)],
              {"x": rand(3, 4), "i": idx(2, 4, hi=3, dtype=np.int32)}),
         Case("gather_nd", [n("GatherND", ["x", "i"], ["y"], batch_dims=1)],
@@ -139,7 +141,9 @@ def join(cases: list[Case], opset: int) -> tuple[onnx.ModelProto, dict]:
     """All cases of one opset as one model; every tensor name is prefixed with its case."""
     nodes, inputs, outputs, inits, feed = [], [], [], [], {}
     for c in cases:
-        p = lambda s: f"{c.name}__{s}" if s else ""  # noqa: E731
+        def p(s, c=c):
+            return f"{c.name}__{s}" if s else ""
+
         for op, ins, outs, attrs in c.nodes:
             nodes.append(helper.make_node(op, [p(s) for s in ins], [p(s) for s in outs],
                                           name=p(outs[0]), **attrs))
@@ -170,16 +174,16 @@ def test_movement_matches_ort(opset):
 
 
 def test_compress_with_runtime_condition_is_a_host_op():
-    model, feed = join([CASES[17][-1]], 17)
+    model, _feed = join([CASES[17][-1]], 17)
     import deploy
     art = deploy.compile(model)
     assert art.manifest["host_ops"] == ["Compress"]  # the constant condition became a Gather
 
 
 @pytest.mark.parametrize("op,ins,attrs", [
-    (mv.Slice, [rand(5, 4)], dict(starts=(4, 1), steps=(-2, 2), sizes=(3, 2))),
-    (mv.Pad, [rand(3, 2)], dict(pads=(2, 0, 3, 1), mode="reflect")),
-    (mv.Pad, [rand(3, 2)], dict(pads=(4, 1, 5, 0), mode="wrap")),
+    (mv.Slice, [rand(5, 4)], {"starts": (4, 1), "steps": (-2, 2), "sizes": (3, 2)}),
+    (mv.Pad, [rand(3, 2)], {"pads": (2, 0, 3, 1), "mode": "reflect"}),
+    (mv.Pad, [rand(3, 2)], {"pads": (4, 1, 5, 0), "mode": "wrap"}),
 ])
 def test_references_against_numpy_slicing(op, ins, attrs):
     """The op table's references (the constant folder) on cases with a known numpy answer."""
@@ -192,3 +196,17 @@ def test_references_against_numpy_slicing(op, ins, attrs):
         width = [(attrs["pads"][k], attrs["pads"][k + r]) for k in range(r)]
         want = np.pad(x, width, mode=attrs["mode"])
     np.testing.assert_array_equal(got, want)
+
+
+def test_backend_specializes_inputs_behind_shape_operands():
+    """Range's limit computed from a graph input: the ONNX backend specializes that input."""
+    import deploy.onnx_backend as backend
+    nodes = [helper.make_node("Cast", ["n"], ["m"], to=TensorProto.INT64),
+             helper.make_node("Range", ["a", "m", "d"], ["y"])]
+    g = helper.make_graph(nodes, "range", [helper.make_tensor_value_info("n", TensorProto.INT32, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT64, ["k"])],
+                          [numpy_helper.from_array(np.array(1, I64), "a"),
+                           numpy_helper.from_array(np.array(2, I64), "d")])
+    rep = backend.prepare(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    for n_ in (7, 10):
+        np.testing.assert_array_equal(rep.run([np.array(n_, np.int32)])[0], np.arange(1, n_, 2))

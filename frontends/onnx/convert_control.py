@@ -86,6 +86,8 @@ def convert_loop(cx, node, ins):
         if not known_bool(cx, running):
             return carried + [_empty_scan(cx, body, k) for k in range(n_scan)]
         running = None
+    if running is not None and n_scan:
+        cx.const_of(cond, "Loop's initial condition (the loop has scan outputs)")
     if trips is None and running is not None:
         cx.const_of(cond, "Loop's condition (no trip count bounds the loop)")
     scans: list[list] = [[] for _ in range(n_scan)]

@@ -274,7 +274,7 @@ def convert_slice(cx, node, ins):
         starts, ends = list(cx.attr(node, "starts")), list(cx.attr(node, "ends"))
         axes, steps = cx.attr(node, "axes"), None
     else:
-        get = lambda k, w: None if len(ins) <= k or ins[k] is None else ints(cx.const_of(ins[k], w))  # noqa: E731
+        get = lambda k, w: None if len(ins) <= k or ins[k] is None else ints(cx.const_of(ins[k], w))
         starts, ends = get(1, "Slice's starts"), get(2, "Slice's ends")
         axes, steps = get(3, "Slice's axes"), get(4, "Slice's steps")
     return [slice_of(cx, x, starts, ends, axes, steps, node.name)]
@@ -370,6 +370,12 @@ def convert_center_crop_pad(cx, node, ins):
 def convert_gather(cx, node, ins):
     x, ind = ins
     axis = axis_of(cx.attr(node, "axis", 0), len(x.shape))
+    known = cx.b.value_of(ind)
+    if known is not None and known.ndim == 0 and -x.shape[axis] <= int(known) < x.shape[axis]:
+        # x.take(c, axis) with a constant scalar c -> Slice [c, c+1) + Reshape: affine indexing
+        i = int(known) % x.shape[axis]
+        y = slice_of(cx, x, [i], [i + 1], [axis], [1], node.name)
+        return [reshape_to(cx, y, x.shape[:axis] + x.shape[axis + 1:], node.name + "_squeeze")]
     return [cx.b.op(mv.Gather, x, ind, name=node.name, axis=axis)]
 
 

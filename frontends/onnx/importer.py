@@ -119,8 +119,6 @@ def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> lis
 
 def _to_array(t: onnx.TensorProto) -> np.ndarray:
     arr = numpy_helper.to_array(t)
-    if t.data_type == onnx.TensorProto.BFLOAT16:
-        raise ModelError(f"initializer {t.name}: bfloat16 constants are not supported yet")
     return arr
 
 

@@ -116,18 +116,20 @@ def _gather_nd_shape(ins, a):
     return [ind[:-1] + ins[0].shape[b + ind[-1]:]]
 
 
+def _nd_index(ind: np.ndarray, dims) -> tuple[np.ndarray, ...]:
+    """The last axis of ``ind`` as a tuple of wrapped index arrays (numpy advanced indexing)."""
+    ind = np.asarray(ind).astype(np.int64)
+    return tuple(wrap_indices(ind[..., j], dims[j]) for j in range(ind.shape[-1]))
+
+
 def _gather_nd_ref(ins, a):
-    x, ind, b = ins[0], np.asarray(ins[1]).astype(np.int64), a["batch_dims"]
-    k = ind.shape[-1]
-    bshape = x.shape[:b]
-    xf = x.reshape((-1,) + x.shape[b:])
-    indf = ind.reshape((xf.shape[0], -1, k))
-    out = []
-    for bi in range(xf.shape[0]):
-        for row in indf[bi]:
-            out.append(xf[bi][tuple(wrap_indices(row, np.array(x.shape[b:b + k])))])
-    shape = _gather_nd_shape([x, ind], a)[0]
-    return [np.asarray(out, dtype=x.dtype).reshape(shape) if out else np.zeros(shape, x.dtype)]
+    x, ind, b = ins[0], np.asarray(ins[1]), a["batch_dims"]
+    nb = int(np.prod(x.shape[:b], dtype=np.int64))
+    xf = x.reshape((nb,) + x.shape[b:])
+    indf = ind.reshape((nb, -1, ind.shape[-1]))
+    batch = np.arange(nb).reshape(nb, 1)
+    out = xf[(batch,) + _nd_index(indf, x.shape[b:])]
+    return [np.ascontiguousarray(out.reshape(_gather_nd_shape([x, ind], a)[0]))]
 
 
 GatherND = define("GatherND", Kind.MOVEMENT, _gather_nd_shape, same_dtype(), _gather_nd_ref,
@@ -136,21 +138,21 @@ GatherND = define("GatherND", Kind.MOVEMENT, _gather_nd_shape, same_dtype(), _ga
 _UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def _store(out, where, value, reduction):
+def _store(out: np.ndarray, where: tuple, value: np.ndarray, reduction: str) -> np.ndarray:
+    """out[where] = value (later duplicates win), or out[where] op= value unbuffered."""
     if reduction == "none":
         out[where] = value
     else:
-        out[where] = _UFUNC[reduction](out[where], value)
+        _UFUNC[reduction].at(out, where, value)
+    return out
 
 
 def _scatter_elements_ref(ins, a):
     x, ind, upd = ins
-    out, ax = x.copy(), a["axis"]
-    ind = wrap_indices(ind, x.shape[ax])
-    for p in np.ndindex(*ind.shape):
-        where = p[:ax] + (ind[p],) + p[ax + 1:]
-        _store(out, where, upd[p], a["reduction"])
-    return [out]
+    ax = a["axis"]
+    where = list(np.indices(np.shape(ind), sparse=True))
+    where[ax] = wrap_indices(ind, x.shape[ax])
+    return [_store(x.copy(), tuple(where), upd, a["reduction"])]
 
 
 ScatterElements = define("ScatterElements", Kind.OPAQUE, lambda ins, a: [ins[0].shape],
@@ -160,13 +162,7 @@ ScatterElements = define("ScatterElements", Kind.OPAQUE, lambda ins, a: [ins[0].
 
 def _scatter_nd_ref(ins, a):
     x, ind, upd = ins
-    out = x.copy()
-    ind = np.asarray(ind).astype(np.int64)
-    k = ind.shape[-1]
-    dims = np.array(x.shape[:k])
-    for p in np.ndindex(*ind.shape[:-1]):
-        _store(out, tuple(wrap_indices(ind[p], dims)), upd[p], a["reduction"])
-    return [out]
+    return [_store(x.copy(), _nd_index(ind, x.shape), upd, a["reduction"])]
 
 
 ScatterND = define("ScatterND", Kind.OPAQUE, lambda ins, a: [ins[0].shape], same_dtype(),
@@ -182,7 +178,7 @@ Full = define("Full", Kind.OPAQUE, lambda ins, a: [tuple(a["shape"])], lambda in
 
 def range_count(start, limit, delta) -> int:
     """Number of elements of ONNX Range: max(ceil((limit - start) / delta), 0)."""
-    return max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
+    return max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
 
 
 Range = define("Range", Kind.OPAQUE,

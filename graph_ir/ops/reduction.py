@@ -57,8 +57,10 @@ def _mean_ref(ins, attrs):
     n = int(np.prod([x.shape[a] for a in attrs["axes"]]))
     with np.errstate(all="ignore"):
         total = np.sum(x, axis=tuple(attrs["axes"]), keepdims=bool(attrs["keepdims"]), dtype=x.dtype)
+        if not n:  # the mean of an empty set is 0 (as ONNX Runtime)
+            return [np.asarray(total, dtype=x.dtype)]
         if np.issubdtype(x.dtype, np.integer):
-            return [np.asarray(np.trunc(total / n) if n else total, dtype=x.dtype)]
+            return [np.asarray(np.trunc(total / n), dtype=x.dtype)]
         return [np.asarray(total / x.dtype.type(n), dtype=x.dtype)]
 
 

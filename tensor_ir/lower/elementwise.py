@@ -165,22 +165,12 @@ SCALAR: dict[OpDef, Scalar] = {
 }
 
 
-def operand(ctx: LowerCtx, k: int, out_vars) -> Expr | None:
-    """Input ``k`` at the broadcast point; a known one-element constant becomes a literal."""
-    buf, value = ctx.ins[k], ctx.consts.get(k)
-    if buf is None:
-        return None
-    if value is not None and value.size == 1 and buf.dtype is not DType.bfloat16:
-        return const(value.reshape(()).item(), buf.dtype)
-    return buf[broadcast_index(buf, out_vars)]
-
-
 def lower_elementwise(ctx: LowerCtx):
     fn = SCALAR[ctx.node.op]
     out = ctx.out
 
     def body(*vs):
-        operands = [operand(ctx, k, vs) for k in range(len(ctx.ins))]
+        operands = [b[broadcast_index(b, vs)] if b is not None else None for b in ctx.ins]
         return cast(fn(ctx.node.attrs, *operands), out.dtype)
 
     return [compute(out, body)]

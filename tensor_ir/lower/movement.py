@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...graph_ir import ops
 from ...graph_ir.types import DType
-from ..expr import B, INDEX, Expr, R, Reduce, binary, cast, const, select
+from ..expr import INDEX, B, Expr, R, Reduce, binary, cast, const, select
 from ..kernel import compute, reduce_vars, scatter
 from .elementwise import broadcast_index
 from .registry import LowerCtx, lowering
@@ -225,7 +225,7 @@ def lower_trilu(ctx: LowerCtx):
 
     def body(*vs):
         diag = vs[-1] - vs[-2]  # j - i
-        keep = diag >= k if upper else diag <= k
+        keep = diag > k if upper else diag <= k
         return select(keep, x[vs], const(0, x.dtype))
 
     return [compute(ctx.out, body)]

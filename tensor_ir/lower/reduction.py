@@ -58,8 +58,8 @@ def lower_reduce(ctx: LowerCtx):
     def body(*vs):
         acc = reduce_over(x, axes, keepdims, vs, op)
         if mean:
-            # mean = sum * (1/n); integers divide (truncating) instead
-            acc = acc * const(1.0 / n if n else float("nan"), acc.dtype) if acc.dtype.is_float \
+            # mean = sum * (1/n) (0 for an empty set, as ONNX Runtime); integers divide instead
+            acc = acc * const(1.0 / n if n else 0.0, acc.dtype) if acc.dtype.is_float \
                 else binary(B.DIV, acc, const(max(n, 1), acc.dtype))
         return cast(acc, out.dtype)
 
@@ -103,14 +103,16 @@ def lower_cumsum(ctx: LowerCtx):
         return tuple(vs[:axis]) + (i,) + tuple(vs[axis + 1:])
 
     def first(*vs):
-        head = select(binary(B.EQ, vs[axis], Const(j(0) if n else 0, INDEX)),
+        return select(binary(B.EQ, vs[axis], Const(j(0), INDEX)),
                       const(0, x.dtype) if excl else x[vs], const(0, x.dtype))
-        return head
+
+    def step(*vs):
+        i = vs[axis]
+        return out[at(vs, j(i))] + x[at(vs, j(i if excl else i + 1))]
 
     stages = [compute(out, first)]
     if n > 1:
         extents = x.shape[:axis] + (n - 1,) + x.shape[axis + 1:]
-        step = lambda *vs: out[at(vs, j(vs[axis]))] + x[at(vs, j(vs[axis] if excl else vs[axis] + 1))]  # noqa: E731
         stages.append(scatter(out, extents, lambda *vs: at(vs, j(vs[axis] + 1)), step))
     return stages
 
