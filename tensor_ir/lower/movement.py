@@ -225,7 +225,7 @@ def lower_trilu(ctx: LowerCtx):
 
     def body(*vs):
         diag = vs[-1] - vs[-2]  # j - i
-        keep = diag > k if upper else diag <= k
+        keep = diag >= k if upper else diag <= k
         return select(keep, x[vs], const(0, x.dtype))
 
     return [compute(ctx.out, body)]
