@@ -8,6 +8,7 @@ dims to concrete sizes (reported, never silent), then convert node by node throu
 from __future__ import annotations
 
 import os
+import warnings
 from collections import Counter
 
 import torch
@@ -65,7 +66,9 @@ def load_program(model, example_inputs=None, dynamic_shapes=None) -> tuple:
         if not os.path.exists(path):
             raise ModelError(f"{path}: no such file")
         try:
-            return torch.export.load(path), path
+            with warnings.catch_warnings():  # torch's own deprecation noise while unpickling
+                warnings.simplefilter("ignore", FutureWarning)
+                return torch.export.load(path), path
         except Exception as e:  # noqa: BLE001  (torch raises many types for corrupt files)
             raise ModelError(f"{path}: not a torch.export program saved with torch.export.save "
                              f"({type(e).__name__}: {e})") from None
@@ -90,7 +93,9 @@ def decompose(ep):
     table = torch.export.default_decompositions()
     for op in KEEP:
         table.pop(op, None)
-    return ep.run_decompositions(table)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return ep.run_decompositions(table)
 
 
 # ---- support check ------------------------------------------------------------------------
