@@ -65,7 +65,7 @@ class DeployRep(BackendRep):
             try:
                 art = deploy_compile(self.model, target=self.target, shapes=shapes,
                                      constant_inputs=consts, **self.options)
-                return art.load(), set(consts)
+                return _load(art), set(consts)
             except NeedsConstant as e:
                 wanted = {v.name for v in getattr(e, "inputs", ())} | {e.value.name}
                 wanted = {n for n in wanted if n in feed} - self._const_names
@@ -73,6 +73,16 @@ class DeployRep(BackendRep):
                     raise DeployError(str(e)) from None
                 self._const_names |= wanted
         raise DeployError("could not specialize the model's shape inputs")
+
+
+def _load(art):
+    """Load a compiled artifact without leaving its file behind (the runtime reads it whole)."""
+    import tempfile
+    from pathlib import Path
+
+    from .runtime import load
+    with tempfile.TemporaryDirectory(prefix="deploy-jit-") as tmp:
+        return load(art.save(Path(tmp) / "model.dpk"))
 
 
 class DeployBackend(Backend):

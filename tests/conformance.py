@@ -310,7 +310,9 @@ def _run_ort(model, data_sets, case: Case, result: Result) -> None:
     names = [i.name for i in sess.get_inputs()]
     try:
         for ins, refs in data_sets:
-            compare(refs, sess.run(None, dict(zip(names, ins))), case.rtol, case.atol)
+            feed = {n: np.asarray(x) if isinstance(x, np.generic) else x
+                    for n, x in zip(names, ins)}
+            compare(refs, sess.run(None, feed), case.rtol, case.atol)
     except Mismatch as e:
         result.status, result.detail = e.status, _one_line(e)
     except Exception as e:  # noqa: BLE001
@@ -351,6 +353,8 @@ def _ort_load_status(msg: str) -> str:
 
 def _one_line(e: BaseException, limit: int = 300) -> str:
     text = " | ".join(s.strip() for s in str(e).strip().splitlines() if s.strip())
+    text = re.sub(r"\[ONNXRuntimeError\] : \d+ : ", "", text)
+    text = re.sub(r"/onnxruntime_src/\S+:\d+ .*?\) (?=[A-Z])", "", text)  # C++ location
     return f"{type(e).__name__}: {text}"[:limit]
 
 

@@ -37,7 +37,8 @@ def write_json(path: str, results: list[Result], command: str, wall: float) -> N
     """Per-case outcomes, one case per line (small diffs): ``{"kind": ..., "deploy": status or
     [status, detail], "ort": ...}``; details are trimmed, the statuses are exact."""
     by_case: dict[str, dict] = defaultdict(dict)
-    for r in sorted(results, key=lambda r: (r.kind, r.case)):
+    rank = {b: i for i, b in enumerate(BACKENDS)}
+    for r in sorted(results, key=lambda r: (r.case, rank.get(r.backend, 9))):
         by_case[r.case]["kind"] = r.kind
         by_case[r.case][r.backend] = r.status if r.status == "pass" else [r.status, r.detail[:140]]
     head = {"date": datetime.date.today().isoformat(), "command": command,
@@ -194,11 +195,12 @@ def _failing_ops_table(results: list[Result]) -> str:
 
 def primary_ops(results: list[Result]) -> dict[str, str]:
     """Case name -> the op type a node case tests."""
-    single = {r.case: r.ops[0] for r in results if len(r.ops) == 1}
+    core = {r.case: [op for op in r.ops if op != "Constant"] or r.ops for r in results}
+    single = {name: ops[0] for name, ops in core.items() if len(ops) == 1}
     out = {}
     for r in results:
         twin = re.sub(r"_expanded.*$", "", r.case)
-        out[r.case] = single.get(r.case) or single.get(twin) or "+".join(r.ops[:3]) or "?"
+        out[r.case] = single.get(r.case) or single.get(twin) or "+".join(core[r.case][:3]) or "?"
     return out
 
 

@@ -31,7 +31,10 @@ PIPELINE = [
 
 def run_pipeline(g: Graph, target, dump: Path | None = None) -> tuple[Graph, list[dict]]:
     stats = []
+    skip = config.disabled_passes()
     for k, (name, fn) in enumerate(PIPELINE, start=1):
+        if name in skip:
+            continue
         before, t0 = len(g.nodes), time.perf_counter()
         g = fn(g, target)
         stats.append({"pass": name, "nodes_before": before, "nodes_after": len(g.nodes),
