@@ -102,7 +102,7 @@ def _isinf(x, detect_negative, detect_positive):
 
 
 def _cast(x, to):
-    if to is DType.bfloat16:  # round float32 to the nearest even bfloat16, kept as raw bits
+    if to is DType.bfloat16 and to.np == np.uint16:  # no ml_dtypes: round to nearest even bits
         bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
         rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
         nan = np.isnan(np.asarray(x, np.float32))
