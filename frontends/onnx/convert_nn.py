@@ -377,16 +377,32 @@ def convert_dropout(cx, node, ins):
     ratio = ins[1] if len(ins) > 1 else None
     training = ins[2] if len(ins) > 2 else None
     train = training is not None and bool(cx.const_of(training, "Dropout's training_mode"))
-    if train:
-        r = 0.5 if ratio is None else float(cx.const_of(ratio, "Dropout's ratio"))
-        if r != 0.0:
-            raise NotImplementedError("Dropout in training mode with ratio > 0 is random; "
-                                      "only inference (or ratio 0) is supported")
-    outs = [x]
-    if len(node.output) > 1 and node.output[1]:
-        dtype = DType.bool if cx.opset >= 10 else x.dtype
-        outs.append(cx.b.const(np.ones(x.shape, dtype.np), node.output[1], dtype))
+    r = 0.5 if ratio is None else float(cx.const_of(ratio, "Dropout's ratio"))
+    mask_dtype = DType.bool if cx.opset >= 10 else x.dtype
+    want_mask = len(node.output) > 1 and bool(node.output[1])
+    if not train or r == 0.0:
+        keep = np.ones(x.shape, bool)
+        y = x
+    else:
+        keep = _seeded_mask(cx, node, x.shape, r)
+        # y = x * mask / (1 - ratio)
+        y = cx.b.op(ew.Mul, x, cx.b.const((keep / (1.0 - r)).astype(x.dtype.np), dtype=x.dtype),
+                    name=node.name)
+    outs = [y]
+    if want_mask:
+        outs.append(cx.b.const(keep.astype(mask_dtype.np), node.output[1], mask_dtype))
     return outs
+
+
+def _seeded_mask(cx, node, shape, ratio: float) -> np.ndarray:
+    """Training-mode dropout draws its mask once, at compile time, from numpy's RandomState
+    seeded with the node's ``seed`` (the generator ONNX's reference uses); without a seed there
+    is no reproducible mask to compile, so it is refused."""
+    seed = cx.attr(node, "seed")
+    if seed is None:
+        raise NotImplementedError("Dropout in training mode with ratio > 0 needs the 'seed' "
+                                  "attribute (deploy compiles the mask once)")
+    return np.random.RandomState(int(seed)).uniform(0, 1.0, shape) >= ratio
 
 
 # ---- resizing ---------------------------------------------------------------------------------

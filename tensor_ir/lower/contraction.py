@@ -33,7 +33,7 @@ def lower_matmul(ctx: LowerCtx):
         if b_vec:
             full = full + [None]
         if a_vec:
-            full = full[:-2] + [None] + full[-1:] if len(full) >= 2 else [None] + full
+            full = full[:-1] + [None] + full[-1:]  # the output has no row axis
         i, j = full[-2], full[-1]
         batch = full[:-2]
         a_idx = (k,) if a_vec else broadcast_index_batch(a, batch) + (i, k)
