@@ -82,8 +82,9 @@ def _add_compile(sub, common) -> None:
                    help="bind an input's shape, e.g. input=1x3x224x224 (repeatable)")
     c.add_argument("--dtype", help="compute dtype, e.g. fp16 (not implemented yet)")
     c.add_argument("--tune", choices=["none", "quick", "full"], default="none",
-                   help="autotuning level (only 'none' is implemented yet)")
-    c.add_argument("--tuning-db", help="tuning records database (not implemented yet)")
+                   help="autotune kernels on this machine first (default: none, i.e. tuning "
+                        "records if any, else the default schedules)")
+    _tuning_args(c, budget_default=None)
     c.add_argument("--dump-dir", default=config.dump_dir(),
                    help="write every intermediate (graph per pass, C source) here "
                         "(default: $DEPLOY_DUMP_DIR)")
@@ -144,12 +145,25 @@ def _add_targets(sub, common) -> None:
 
 
 def _add_tune(sub, common) -> None:
-    t = sub.add_parser("tune", parents=[common], help="fill the tuning database (not implemented)")
+    t = sub.add_parser("tune", parents=[common],
+                       help="measure kernel schedules here and fill the tuning database")
     t.add_argument("model")
     _target_arg(t)
-    t.add_argument("--budget", default="10m", help="time budget, e.g. 10m")
-    t.add_argument("--tuning-db", help="tuning records database")
+    t.add_argument("--level", choices=["quick", "full"], default="full",
+                   help="quick: a short list per kernel; full: evolutionary search (default)")
+    t.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                   help="bind an input's shape, as for compile")
+    t.add_argument("-o", "--output", help="also write the tuned artifact here")
+    _tuning_args(t, budget_default="10m")
     t.set_defaults(func=cmd_tune)
+
+
+def _tuning_args(p, budget_default: str | None) -> None:
+    p.add_argument("--tuning-db", help="tuning records file (default: $DEPLOY_TUNING_DB or "
+                                       "~/.cache/deploy/tuning.jsonl)")
+    p.add_argument("--budget", default=budget_default,
+                   help="tuning time budget, e.g. 90s, 10m, 1h" + (
+                       f" (default {budget_default})" if budget_default else " (default 10m)"))
 
 
 def _target_arg(p) -> None:
@@ -176,34 +190,37 @@ def cmd_compile(args) -> int:
     if args.dtype and args.dtype.lower() not in ("fp32", "float32"):
         raise NotImplementedYetError(f"--dtype {args.dtype}: lower-precision compilation is not "
                                      "implemented yet; models compile in their own dtypes")
-    if args.tune != "none":
-        raise NotImplementedYetError(f"--tune {args.tune}: autotuning is not implemented yet; "
-                                     "use --tune none (the default schedules)")
-    if args.tuning_db:
-        raise NotImplementedYetError("--tuning-db: the tuning database is not implemented yet")
-    shapes = parse_shapes(args.shape)
-    from .compiler import compile as deploy_compile
     out = Path(args.output or Path(args.model).with_suffix(".dpk").name)
-    t0 = time.perf_counter()
-    art = deploy_compile(args.model, target=args.target, shapes=shapes or None,
-                         dump_dir=args.dump_dir)
-    path = art.save(out)
-    m = art.manifest
-    stages = ", ".join(f"{k} {v:.2f}s" for k, v in _stages(m.get("compile_seconds", {})))
-    print(f"compiled {args.model} for {m['target']['name']} -> {path} "
-          f"({_fmt_bytes(path.stat().st_size)}, {m['kernel_count']} kernels, "
-          f"{time.perf_counter() - t0:.2f}s: {stages})")
-    for kind in ("inputs", "outputs"):
-        print(f"  {kind}: " + ", ".join(_spec_str(s) for s in m[kind]))
+    _compile_and_report(args, args.tune, out)
     if args.dump_dir:
         print(f"  intermediates dumped to {args.dump_dir}")
     return 0
 
 
 def cmd_tune(args) -> int:
-    raise NotImplementedYetError(
-        f"deploy tune: autotuning is not implemented yet (model {args.model}, target "
-        f"{args.target}); `deploy compile` uses the default schedules, which need no tuning")
+    _compile_and_report(args, args.level, Path(args.output) if args.output else None)
+    print(f"  tuning records: {args.tuning_db or config.tuning_db_path()} (later compiles for "
+          "targets with the same features use them)")
+    return 0
+
+
+def _compile_and_report(args, tune: str, out: Path | None) -> None:
+    from .compiler import compile as deploy_compile
+    t0 = time.perf_counter()
+    art = deploy_compile(args.model, target=args.target, shapes=parse_shapes(args.shape) or None,
+                         dump_dir=getattr(args, "dump_dir", None), tune=tune,
+                         tuning_db=args.tuning_db, budget=args.budget)
+    m = art.manifest
+    secs = m.get("compile_seconds", {})
+    stages = ", ".join(f"{k} {v:.2f}s" for k, v in _stages(secs))
+    path = art.save(out) if out else None
+    where = f" -> {path} ({_fmt_bytes(path.stat().st_size)}, " if path else " ("
+    print(f"compiled {args.model} for {m['target']['name']}{where}{m['kernel_count']} kernels, "
+          f"{time.perf_counter() - t0:.2f}s: {stages})")
+    for kind in ("inputs", "outputs"):
+        print(f"  {kind}: " + ", ".join(_spec_str(s) for s in m[kind]))
+    if "tune_gain" in secs:
+        print(f"  tuned kernels ({tune}): {secs['tune_gain']:.2f}x the default schedules' speed")
 
 
 def cmd_check(args) -> int:
@@ -476,7 +493,8 @@ def inspect_report(path: str, contents) -> dict:
     steps = {s.get("symbol"): s for s in m.get("steps", []) if s.get("kind") == "kernel"}
     kernels = [{"symbol": k["symbol"], "node": steps.get(k["symbol"], {}).get("node"),
                 "op": steps.get(k["symbol"], {}).get("op"), "hash": k.get("hash"),
-                "note": k.get("note", ""), "schedule": k.get("schedule", [])}
+                "note": k.get("note", ""), "tuned": bool(k.get("tuned", False)),
+                "schedule": k.get("schedule", [])}
                for k in m.get("kernels", [])]
     weights = {n: len(b) for n, b in members.items() if n.startswith("weights/")}
     memory = _memory(m)
@@ -527,7 +545,7 @@ def _print_inspect(r: dict) -> None:
     print(f"kernels:  kernel_count {r['kernel_count']}")
     for k in r["kernels"]:
         print(f"  {k['symbol']:<6} {k['op'] or '?':<14} node '{k['node']}'  hash {k['hash']}"
-              + (f"  ({k['note']})" if k["note"] else ""))
+              + ("  tuned" if k["tuned"] else "") + (f"  ({k['note']})" if k["note"] else ""))
     print(f"host ops: {', '.join(r['host_ops']) or 'none (every op runs as generated code)'}")
     mem = r["memory"]
     print(f"memory:   arena_bytes {r['arena_bytes']} ({_fmt_bytes(r['arena_bytes'])}), "
@@ -541,7 +559,9 @@ def _print_inspect(r: dict) -> None:
     hist = prov.get("op_histogram", {})
     if hist:
         print("ops:      " + ", ".join(f"{op} x{n}" for op, n in hist.items()))
-    print("compile:  " + ", ".join(f"{k} {v:.3f}s" for k, v in _stages(r["compile_seconds"])))
+    print("compile:  " + ", ".join(f"{k} {v:.3f}s" for k, v in _stages(r["compile_seconds"]))
+          + (f" (tuned: {r['compile_seconds']['tune_gain']:.2f}x the default schedules)"
+             if "tune_gain" in r["compile_seconds"] else ""))
     for p in r["passes"]:
         extra = ", ".join(f"{k} {v}" for k, v in p.items()
                           if k not in ("pass", "nodes_before", "nodes_after", "seconds"))
@@ -549,13 +569,15 @@ def _print_inspect(r: dict) -> None:
               f"{p.get('nodes_after')}  {p.get('seconds', 0):.4f}s" + (f"  {extra}" if extra else ""))
 
 
-STAGE_ORDER = ("import", "optimize", "lower", "render+build", "package")
+STAGE_ORDER = ("import", "optimize", "lower", "tune", "render+build", "package")
+NOT_STAGES = {"tune_gain"}  # figures stored beside the stage times
 
 
 def _stages(seconds: dict) -> list[tuple[str, float]]:
     """Compile stages in pipeline order (the manifest's JSON keys are sorted)."""
     rank = {k: i for i, k in enumerate(STAGE_ORDER)}
-    return sorted(seconds.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+    return sorted(((k, v) for k, v in seconds.items() if k not in NOT_STAGES),
+                  key=lambda kv: rank.get(kv[0], len(rank)))
 
 
 def cmd_targets(args) -> int:

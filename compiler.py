@@ -111,9 +111,14 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
         db.save()
         timings["tune_gain"] = round(tuned.gain(), 3)
         lap("tune")
-    members, kernels = _build(plan, tgt, dump, db)
+    if tgt.backend == "triton":
+        members, kernels, gpu = _build_gpu(plan, tgt, dump, options)
+    else:
+        members, kernels, gpu = (*_build(plan, tgt, dump, db), {})
     lap("render+build")
     manifest = _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model)
+    if gpu:  # binaries and the launch plan instead of a shared library
+        manifest.update(gpu, library=None)
     manifest["memory"] = {"arena_bytes": memory.arena_bytes,
                           "intermediate_bytes": memory.intermediate_bytes,
                           "offsets": {str(k): v for k, v in sorted(memory.offsets.items())}}
@@ -135,10 +140,14 @@ def lower_only(model, target: str | Target = "host", shapes: dict | None = None)
 
 def _check_supported(tgt: Target, tune: str) -> None:
     """Refuse, with a clear message, what this build of deploy cannot do yet."""
-    if tgt.backend != "c":
+    if tgt.backend not in ("c", "triton"):
         raise NotImplementedYetError(
             f"target {tgt.name}: the {tgt.backend} backend is not implemented yet; CPU targets "
-            "(backend: c, e.g. host, x86_64-avx2, x86_64-avx512) compile today")
+            "(backend: c) and GPU targets with backend: triton (e.g. a100, h100, mi300x) "
+            "compile today")
+    if tgt.backend == "triton" and tune not in ("none", None):
+        raise NotImplementedYetError(f"target {tgt.name}: tuning GPU kernels is not implemented "
+                                     "yet; compile with --tune none")
     if tune not in ("none", "quick", "full", None):
         raise DeployError(f"tune={tune!r}: expected one of none, quick, full")
     host = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
@@ -261,6 +270,14 @@ def _host_isa_level() -> str:
     isa = set(_host_isa())
     return "x86-64-v4" if "avx512f" in isa else "x86-64-v3" if "avx2" in isa else \
         platform.machine()
+
+
+def _build_gpu(plan: Plan, tgt: Target, dump: Path | None, options: dict):
+    """Triton backend: options ``aot`` (False: render the plan without binaries, for
+    interpreted runs) and ``allow_tf32`` (fp32 GEMMs on TF32 tensor cores)."""
+    from .backends.triton.build import build_gpu
+    return build_gpu(plan.kernels, tgt, dump, aot=options.get("aot", True),
+                     allow_tf32=options.get("allow_tf32", False), host_ops=plan.host_ops)
 
 
 def _build(plan: Plan, tgt: Target, dump: Path | None,

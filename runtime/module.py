@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import ArtifactError, InputError
 from .artifact import read_artifact
 from .dtypes import storage_dtype, user_dtype
+from .gpu import GpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
 from .specs import TensorSpec, validate_inputs
 
@@ -34,8 +35,8 @@ def _lib_dir() -> Path:
 class Module:
     """``deploy.load(path)`` returns one of these."""
 
-    def __init__(self, path):
-        contents = read_artifact(path)
+    def __init__(self, path, contents=None):
+        contents = contents or read_artifact(path)
         self.path = str(path)
         self.manifest = m = contents.manifest
         self.input_specs = [TensorSpec.from_json(d) for d in m["inputs"]]
@@ -121,9 +122,13 @@ class Module:
         return f"<deploy.Module {self.path} target={self.manifest['target']['name']} ({ins}) -> ({outs})>"
 
 
-def load(path) -> Module:
-    """Load an artifact written by ``deploy compile`` (needs no compiler)."""
-    return Module(path)
+def load(path, device=None) -> Module:
+    """Load an artifact written by ``deploy compile`` (needs no compiler). GPU artifacts get the
+    GPU runtime (``device``: its driver, default CUDA)."""
+    contents = read_artifact(path)
+    if is_gpu_artifact(contents.manifest):
+        return GpuModule(path, contents, device)
+    return Module(path, contents)
 
 
 __all__ = ["InputError", "Module", "load"]

@@ -23,9 +23,10 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ KINDS = ("node", "light", "simple", "pytorch-converted", "pytorch-operator")
 BACKENDS = ("deploy", "ort")
 STATUSES = ("pass", "unsupported-op", "ir/opset-version", "compile-error", "runtime-error",
             "shape/dtype-mismatch", "numeric-mismatch", "timeout", "crash")
-TIMEOUT_S = {"node": 90.0, "default": 300.0}   # per case, wall clock
+TIMEOUT_S = {"node": 120.0, "default": 600.0}  # per case, wall clock (a shared machine)
 MEMORY_LIMIT_BYTES = 6 << 30                    # address space per case process
 FAST_NODE_STRIDE = 12                           # fast tier: every 12th node case, by name
 FAST_LIGHT = ("test_squeezenet", "test_shufflenet")
@@ -178,7 +179,8 @@ def _load_pb(path: str, type_proto):
     """A tensor, sequence or optional stored as protobuf, typed as onnx's runner types it."""
     import onnx
     from onnx import numpy_helper
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     if type_proto.HasField("sequence_type"):
         seq = onnx.SequenceProto()
         seq.ParseFromString(data)
@@ -424,7 +426,8 @@ def run_isolated(cases: list[Case], backends=BACKENDS, jobs: int | None = None,
 def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["numpy", "onnx", "onnxruntime", "deploy.onnx_backend",
-                                "deploy.compiler", "deploy.tests.conformance"])
+                                "deploy.compiler", "deploy.frontends.onnx",
+                                "deploy.tests.conformance"])
     return ctx
 
 
@@ -511,7 +514,8 @@ def _signal_name(code: int | None) -> str:
 
 def _log_tail(workdir: str) -> str:
     try:
-        text = open(os.path.join(workdir, "log.txt"), errors="replace").read()
+        with open(os.path.join(workdir, "log.txt"), errors="replace") as f:
+            text = f.read()
     except OSError:
         return ""
     lines = [s.strip() for s in text.splitlines() if s.strip()]
@@ -562,7 +566,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cases", nargs="+", metavar="NAME", help="exact case names")
     p.add_argument("--no-ort", action="store_true", help="run deploy only")
     p.add_argument("--jobs", type=int, help="parallel case processes (default: CPU count)")
-    p.add_argument("--timeout", type=float, help="seconds per case (default: node 90, else 300)")
+    p.add_argument("--timeout", type=float, help="seconds per case (default: node 120, else 600)")
     p.add_argument("--report", help="write the markdown report here (and JSON beside --json)")
     p.add_argument("--json", help=f"per-case JSON results (default with --report: {REPORT_JSON})")
     p.add_argument("--write-xfail", metavar="PATH", help="write deploy's failures as an xfail list")

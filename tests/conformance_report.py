@@ -72,8 +72,7 @@ def write_xfail(path: str, results: list[Result]) -> None:
                 "# Regenerate from a full run:\n"
                 "#   python -m deploy.tests.conformance --full --no-ort "
                 "--write-xfail tests/conformance_xfail.txt\n")
-        for name, reason in rows:
-            f.write(f"{name.ljust(width)}  {reason}\n")
+        f.writelines(f"{name.ljust(width)}  {reason}\n" for name, reason in rows)
 
 
 def _reason(r: Result) -> str:
@@ -88,7 +87,9 @@ def read_xfail(path: str) -> dict[str, str]:
     out: dict[str, str] = {}
     if not os.path.exists(path):
         return out
-    for line in open(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for line in lines:
         line = line.strip()
         if line and not line.startswith("#"):
             name, _, reason = line.partition(" ")
@@ -133,11 +134,14 @@ def _counts_table(cases: list[Case], results: list[Result]) -> str:
     rows = ["| kind | cases | deploy passes | ONNX Runtime passes |", "|---|---:|---:|---:|"]
     for k in (*KINDS, "total"):
         total = len(cases) if k == "total" else n[k]
-        cell = (lambda c: f"{c[k]} ({100 * c[k] / total:.1f}%)" if total else "0")
         bold = "**" if k == "total" else ""
-        rows.append(f"| {bold}{k}{bold} | {total} | {bold}{cell(dep)}{bold} | "
-                    f"{cell(ort) if has_ort else 'not run'} |")
+        rows.append(f"| {bold}{k}{bold} | {total} | {bold}{_share(dep[k], total)}{bold} | "
+                    f"{_share(ort[k], total) if has_ort else 'not run'} |")
     return "## Pass counts\n\n" + "\n".join(rows)
+
+
+def _share(passed: int, total: int) -> str:
+    return f"{passed} ({100 * passed / total:.1f}%)" if total else "0"
 
 
 def _classes_table(results: list[Result]) -> str:

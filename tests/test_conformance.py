@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 import pytest
-
 from deploy.tests import conformance as conf
 from deploy.tests.conformance_report import read_json, read_xfail
 

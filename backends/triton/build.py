@@ -1,0 +1,111 @@
+"""Kernels -> Triton functions -> binaries, and the GPU launch plan of the artifact.
+
+Each tensor-IR kernel (a step of the model's plan) becomes an ordered list of launches, one per
+(fused) stage. A launch names its function, grid, warps, dynamic shared memory, the binary's
+parameter count and where each pointer argument lives: ``{"in": k}`` / ``{"out": k}`` (the
+step's k-th input / output value) or ``{"temp": offset}`` (the kernel's temporaries, placed in
+one scratch region of the device arena that every kernel reuses, since kernels run in order).
+
+Members written: ``gpu/kernels.py`` (the generated source; runnable on its own), and per function
+``gpu/<fn>.cubin`` + ``gpu/<fn>.ptx`` (NVIDIA; PTX lets newer GPUs JIT it) or ``gpu/<fn>.hsaco``
+(AMD). The manifest's ``binaries`` lists them with arch, kind and size.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import NotImplementedYetError
+from ...tensor_ir.kernel import Kernel
+from .fuse import fuse_stages
+from .render import TritonFunction, TritonRenderer
+from .toolchain import Binary, compile_functions, triton_version
+
+ALIGN = 256  # device allocations and temporaries (cudaMalloc's alignment)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = True,
+              allow_tf32: bool = False, host_ops=()) -> tuple[dict[str, bytes], list[dict], dict]:
+    """Returns (artifact members, per-kernel info for the manifest, manifest additions)."""
+    if host_ops:
+        raise NotImplementedYetError(
+            f"target {tgt.name}: host ops ({', '.join(sorted(set(host_ops)))}) have data-dependent "
+            "output shapes and do not run on GPU targets yet; compile for a CPU target")
+    renderer = TritonRenderer(tgt, allow_tf32=allow_tf32)
+    plans, functions, info = {}, [], []
+    for k in kernels:
+        fused = fuse_stages(k)
+        fns = renderer.kernel(fused)
+        temps, temp_bytes = _temp_layout(fused)
+        plans[k.name] = {"launches": [_launch(f, fused, temps, tgt.warp_size or 32) for f in fns],
+                         "temp_bytes": temp_bytes}
+        functions += fns
+        info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
+                     "tuned": False, "schedule": [_describe(f) for f in fns]})
+    source = TritonRenderer.module(functions)
+    if dump:
+        (dump / "kernels_triton.py").write_text(source)
+    members = {"gpu/kernels.py": source.encode()}
+    binaries: list[dict] = []
+    if aot and functions:
+        compiled = compile_functions(functions, source, tgt)
+        _attach(plans, compiled)
+        for name, b in compiled.items():
+            for kind, data in b.images.items():
+                member = f"gpu/{name}.{kind}"
+                members[member] = data
+                binaries.append({"name": member, "function": name, "arch": tgt.arch,
+                                 "kind": kind, "bytes": len(data)})
+    gpu = {"api": "cuda" if tgt.vendor == "nvidia" else "hip", "arch": tgt.arch,
+           "triton": triton_version(), "aot": bool(aot and functions), "source": "gpu/kernels.py",
+           "kernels": plans, "scratch_bytes": max((p["temp_bytes"] for p in plans.values()),
+                                                  default=0)}
+    return members, info, {"gpu": gpu, "binaries": binaries}
+
+
+def _temp_layout(k: Kernel) -> tuple[dict[str, int], int]:
+    offsets, at = {}, 0
+    for t in k.temps:
+        offsets[t.name] = at
+        at += _align(max(t.numel, 1) * t.dtype.itemsize)
+    return offsets, at
+
+
+def _launch(f: TritonFunction, k: Kernel, temps: dict[str, int], warp: int) -> dict:
+    ins = {b.name: i for i, b in enumerate(k.inputs)}
+    outs = {b.name: i for i, b in enumerate(k.outputs)}
+
+    def where(buf: str) -> dict:
+        if buf in ins:
+            return {"in": ins[buf]}
+        if buf in outs:
+            return {"out": outs[buf]}
+        return {"temp": temps[buf]}
+
+    return {"fn": f.name, "template": f.template, "grid": list(f.grid),
+            "block": [warp * f.num_warps, 1, 1], "num_warps": f.num_warps, "shared": 0,
+            "params": len(f.args) + 2, "args": [where(a) for a in f.args],
+            "types": [f.signature[p] for p in f.signature if f.signature[p] != "constexpr"],
+            "constexprs": f.constexprs, "global_scratch": 0, "global_scratch_align": 1}
+
+
+def _attach(plans: dict, compiled: dict[str, Binary]) -> None:
+    """Fill in what only the compile knows: shared memory, warps (threads), the ABI, binaries."""
+    for plan in plans.values():
+        for launch in plan["launches"]:
+            b = compiled[launch["fn"]]
+            warp = 64 if "hsaco" in b.images else 32
+            launch.update(shared=b.shared, num_warps=b.num_warps, block=[warp * b.num_warps, 1, 1],
+                          params=b.params, global_scratch=b.global_scratch,
+                          global_scratch_align=b.global_scratch_align,
+                          binaries={kind: f"gpu/{launch['fn']}.{kind}" for kind in b.images})
+
+
+def _describe(f: TritonFunction) -> dict:
+    out = {"stage": f.stage, "fn": f.name, "template": f.template, "grid": list(f.grid),
+           "num_warps": f.num_warps, "num_stages": f.num_stages, **f.constexprs}
+    out.update({k: v for k, v in f.meta.items()})
+    return out

@@ -1,0 +1,323 @@
+"""Scalar tensor-IR expressions -> Triton block expressions.
+
+An ``Emitter`` renders the expressions of one stage into the statements of one ``@triton.jit``
+function. Every value is a Triton block (or a scalar) whose shape comes from the variables it
+uses: the stage's output variables are ``[XBLOCK]`` (or ``[XBLOCK, 1]`` / ``[BM, 1]`` ...),
+reduction variables ``[1, RBLOCK]``; broadcasting does the rest.
+
+Unlike C's ``c ? a : b``, ``tl.where`` evaluates both sides, so every load carries a *guard*:
+the stage's mask, narrowed by the conditions of the ``Select`` nodes above it (a padded
+convolution never reads outside its input). float16/bfloat16 are computed in float32 and
+rounded on store, as the C backend does. Ops render through the tables below; a missing entry
+is a clear error naming the op.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...graph_ir.types import DType
+from ...tensor_ir.expr import (
+    INDEX, B, Binary, Cast, Const, Expr, Load, Reduce, Select, U, Unary, Var, walk,
+)
+
+TL_TYPE = {
+    DType.float32: "tl.float32", DType.float64: "tl.float64", DType.float16: "tl.float16",
+    DType.bfloat16: "tl.bfloat16", DType.int8: "tl.int8", DType.int16: "tl.int16",
+    DType.int32: "tl.int32", DType.int64: "tl.int64", DType.uint8: "tl.uint8",
+    DType.uint16: "tl.uint16", DType.uint32: "tl.uint32", DType.uint64: "tl.uint64",
+    DType.bool: "tl.int1",
+}
+# pointer element types in kernel signatures (bool tensors are bytes in memory)
+PTR_TYPE = {
+    DType.float32: "*fp32", DType.float64: "*fp64", DType.float16: "*fp16",
+    DType.bfloat16: "*bf16", DType.int8: "*i8", DType.int16: "*i16", DType.int32: "*i32",
+    DType.int64: "*i64", DType.uint8: "*u8", DType.uint16: "*u16", DType.uint32: "*u32",
+    DType.uint64: "*u64", DType.bool: "*i8",
+}
+
+# ``_m`` is libdevice (CUDA or HIP, chosen by triton at compile time); tests running under
+# TRITON_INTERPRET=1 swap in numpy equivalents (interpret.py).
+UNARY = {
+    U.NEG: "(-{x})", U.ABS: "tl.abs({x})", U.EXP: "tl.exp({x})", U.LOG: "tl.log({x})",
+    U.SQRT: "tl.sqrt_rn({x})", U.RSQRT: "(1.0 / tl.sqrt_rn({x}))", U.SIN: "tl.sin({x})",
+    U.COS: "tl.cos({x})", U.TAN: "_m.tan({x})", U.ASIN: "_m.asin({x})",
+    U.ACOS: "_m.acos({x})", U.ATAN: "_m.atan({x})", U.SINH: "_m.sinh({x})",
+    U.COSH: "_m.cosh({x})", U.TANH: "_m.tanh({x})", U.ASINH: "_m.asinh({x})",
+    U.ACOSH: "_m.acosh({x})", U.ATANH: "_m.atanh({x})", U.ERF: "tl.erf({x})",
+    U.FLOOR: "tl.floor({x})", U.CEIL: "tl.ceil({x})", U.ROUND: "_m.rint({x})",
+    U.SIGN: "(({x} > 0).to({t}) - ({x} < 0).to({t}))", U.RECIP: "(1.0 / {x})",
+    U.NOT: "({x} == 0)", U.BITNOT: "(~{x})", U.ISNAN: "({x} != {x})",
+    U.ISINF: "(tl.abs({x}) == float('inf'))", U.ISPOSINF: "({x} == float('inf'))",
+    U.ISNEGINF: "({x} == float('-inf'))",
+}
+INT_UNARY = {U.FLOOR: "{x}", U.CEIL: "{x}", U.ROUND: "{x}", U.ISNAN: "({x} != {x})"}
+
+BINARY = {
+    B.ADD: "({a} + {b})", B.SUB: "({a} - {b})", B.MUL: "({a} * {b})", B.DIV: "({a} / {b})",
+    B.FLOORDIV: "({a} // {b})", B.MOD: "({a} % {b})", B.FMOD: "({a} % {b})",
+    B.POW: "_m.pow({a}, {b})", B.MAX: "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+    B.MIN: "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+    B.LT: "({a} < {b})", B.LE: "({a} <= {b})", B.GT: "({a} > {b})", B.GE: "({a} >= {b})",
+    B.EQ: "({a} == {b})", B.NE: "({a} != {b})", B.AND: "({a} & {b})", B.OR: "({a} | {b})",
+    B.XOR: "({a} != {b})", B.BITAND: "({a} & {b})", B.BITOR: "({a} | {b})",
+    B.BITXOR: "({a} ^ {b})", B.SHL: "({a} << {b})", B.SHR: "({a} >> {b})",
+    B.ATAN2: "_m.atan2({a}, {b})",
+    # Python's modulo (sign of the divisor) from C's remainder
+    B.PYMOD: "_pymod({a}, {b})",
+}
+INT_BINARY = {
+    B.DIV: "({a} // {b})",  # Triton integer division truncates, as C does
+    B.MAX: "tl.maximum({a}, {b})", B.MIN: "tl.minimum({a}, {b})",
+    B.POW: "_m.pow({a}.to(tl.float64), {b}.to(tl.float64)).to({t})",
+}
+UINT_BINARY = {B.PYMOD: "({a} % {b})"}
+LOGICAL = {B.AND, B.OR, B.XOR}
+
+
+def compute_dtype(dtype: DType) -> DType:
+    """The type arithmetic on ``dtype`` happens in (half types in float32)."""
+    return DType.float32 if dtype in (DType.float16, DType.bfloat16) else dtype
+
+
+def tl_type(dtype: DType) -> str:
+    try:
+        return TL_TYPE[dtype]
+    except KeyError:
+        raise NotImplementedError(f"Triton renderer: dtype {dtype.name} is not supported") from None
+
+
+def literal(value, dtype: DType) -> str:
+    """A typed scalar (never a bare Python literal: Triton types those weakly)."""
+    if dtype is DType.bool:
+        return f"tl.full([], {int(bool(value))}, tl.int1)"
+    if dtype.is_float:
+        v = float(value)
+        text = "float('nan')" if v != v else "float('inf')" if v == math.inf else \
+            "float('-inf')" if v == -math.inf else repr(v)
+        return f"tl.full([], {text}, {tl_type(compute_dtype(dtype))})"
+    return f"tl.full([], {int(value)}, {tl_type(dtype)})"
+
+
+@dataclass(frozen=True)
+class BufRef:
+    """How a kernel buffer is reached: the parameter of its storage and the shape it is
+    indexed with (a view indexes its base's memory with another shape)."""
+    param: str
+    shape: tuple[int, ...]
+    dtype: DType
+
+
+class Emitter:
+    """Statements of one Triton function body, with per-scope memoization of sub-expressions
+    (a reduction used twice in an epilogue is computed once)."""
+
+    def __init__(self, buffers: dict[str, BufRef], index_type: str = "tl.int32") -> None:
+        self.buffers = buffers
+        self.index_type = index_type
+        self.lines: list[str] = []
+        self.indent = "    "
+        self.env: dict[Var, str] = {}
+        self.scopes: list[dict] = [{}]
+        self.used: dict[str, None] = {}  # parameters, in order of first use
+        self.reduce_fn = None  # set by the stage template: (Reduce, guard) -> name
+        self.keep_half = False  # tl.dot operands: half-precision loads stay half
+        self._n = 0
+
+    # ---- statements and scopes ------------------------------------------------------------
+    def fresh(self, prefix: str = "t") -> str:
+        self._n += 1
+        return f"{prefix}{self._n}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append(self.indent + line)
+
+    def let(self, value: str, prefix: str = "t") -> str:
+        name = self.fresh(prefix)
+        self.emit(f"{name} = {value}")
+        return name
+
+    def push(self) -> None:
+        """A memoization scope without a block (values that must not leak to siblings)."""
+        self.scopes.append({})
+
+    def pop(self) -> None:
+        self.scopes.pop()
+
+    def open(self, header: str) -> None:
+        """Start an indented block (a loop); memoized values made inside stay inside."""
+        self.emit(header)
+        self.indent += "    "
+        self.scopes.append({})
+
+    def close(self) -> None:
+        self.indent = self.indent[:-4]
+        self.scopes.pop()
+
+    def _memo_get(self, key):
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        return None
+
+    def memo(self, key, name: str, outer: int = 0) -> str:
+        self.scopes[len(self.scopes) - 1 - outer][key] = name
+        return name
+
+    def param(self, buf: str) -> BufRef:
+        try:
+            ref = self.buffers[buf]
+        except KeyError:
+            raise NotImplementedError(f"Triton renderer: unknown buffer {buf}") from None
+        self.used.setdefault(ref.param)
+        return ref
+
+    # ---- indices ------------------------------------------------------------------------------
+    def flat(self, buf: str, index, guard: str | None) -> str:
+        """Row-major element offset of ``buf[index]``."""
+        ref = self.param(buf)
+        terms, stride = [], 1
+        for dim, ix in reversed(list(zip(ref.shape, index))):
+            if dim != 1:
+                s = self.expr(ix, guard)
+                terms.append(s if stride == 1 else f"{s} * {stride}")
+            stride *= dim
+        return " + ".join(reversed(terms)) or "0"
+
+    def decompose(self, flat: str, vars_, extents) -> None:
+        """Bind ``vars_`` (row-major over ``extents``) from one flat index."""
+        stride = 1
+        strides = []
+        for e in reversed(extents):
+            strides.append(stride)
+            stride *= e
+        strides.reverse()
+        for k, (v, e, s) in enumerate(zip(vars_, extents, strides)):
+            if e == 1:
+                self.env[v] = "0"
+                continue
+            q = flat if s == 1 else f"({flat} // {s})"
+            self.env[v] = self.let(q if k == 0 else f"{q} % {e}", "i")
+
+    # ---- expressions --------------------------------------------------------------------------
+    def expr(self, e: Expr, guard: str | None) -> str:
+        if isinstance(e, Var):
+            try:
+                return self.env[e]
+            except KeyError:
+                raise NotImplementedError(f"Triton renderer: unbound variable {e.name}") from None
+        if isinstance(e, Const):
+            if e.dtype is INDEX:
+                return str(int(e.value))
+            if self.keep_half and e.dtype in (DType.float16, DType.bfloat16):
+                return f"tl.full([], {float(e.value)!r}, {tl_type(e.dtype)})"
+            return literal(e.value, e.dtype)
+        key = (e, guard)
+        hit = self._memo_get(key)
+        if hit is not None:
+            return hit
+        if isinstance(e, Reduce):
+            if self.reduce_fn is None:
+                raise NotImplementedError("Triton renderer: reduction outside a reduction stage")
+            return self.memo(key, self.reduce_fn(e, guard))
+        return self.memo(key, self.let(self._node(e, guard)))
+
+    def _node(self, e: Expr, guard: str | None) -> str:
+        if isinstance(e, Load):
+            return self._load(e, guard)
+        if isinstance(e, Unary):
+            return self._unary(e, self.expr(e.x, guard))
+        if isinstance(e, Binary):
+            return self._binary(e, self.expr(e.a, guard), self.expr(e.b, guard))
+        if isinstance(e, Select):
+            c = self.expr(e.cond, guard)
+            ga = self.let(c if guard is None else f"{guard} & {c}", "g")
+            gb = self.let(f"~{c}" if guard is None else f"{guard} & ~{c}", "g")
+            return f"tl.where({c}, {self.expr(e.a, ga)}, {self.expr(e.b, gb)})"
+        if isinstance(e, Cast):
+            return self._cast(e, self.expr(e.x, guard))
+        raise NotImplementedError(f"Triton renderer: no rendering for {type(e).__name__}")
+
+    def load_raw(self, e: Load, guard: str | None) -> str:
+        """The loaded value in its storage type (bool as bytes)."""
+        ref = self.param(e.buf)
+        off = self.flat(e.buf, e.index, guard)
+        mask = "" if guard is None else f", mask={guard}, other=0"
+        return f"tl.load({ref.param} + ({off}){mask})"
+
+    def _load(self, e: Load, guard: str | None) -> str:
+        raw = self.load_raw(e, guard)
+        dtype = self.buffers[e.buf].dtype
+        if dtype is DType.bool:
+            return f"({raw} != 0)"
+        if dtype in (DType.float16, DType.bfloat16) and not self.keep_half:
+            return f"{raw}.to(tl.float32)"
+        return raw
+
+    def _unary(self, e: Unary, x: str) -> str:
+        src = e.x.dtype
+        table = {**UNARY, **INT_UNARY} if (src.is_int or src is DType.bool) else UNARY
+        if e.op not in table:
+            raise NotImplementedError(f"Triton renderer: unary {e.op.name} on {src.name}")
+        return table[e.op].format(x=x, t=tl_type(compute_dtype(e.dtype)))
+
+    def _binary(self, e: Binary, a: str, b: str) -> str:
+        src = e.a.dtype
+        if e.op in LOGICAL and src is not DType.bool:
+            a, b = f"({a} != 0)", f"({b} != 0)"
+        table = dict(BINARY)
+        if src.is_int:
+            table.update(INT_BINARY)
+            if not src.is_signed:
+                table.update(UINT_BINARY)
+        if e.op not in table:
+            raise NotImplementedError(f"Triton renderer: binary {e.op.name} on {src.name}")
+        return table[e.op].format(a=a, b=b, t=tl_type(compute_dtype(e.dtype)))
+
+    def _cast(self, e: Cast, x: str) -> str:
+        dst = e.dtype
+        if dst is DType.bool:
+            return f"({x} != 0)"
+        if dst in (DType.float16, DType.bfloat16):  # round through the half type
+            return f"{x}.to({tl_type(dst)}).to(tl.float32)"
+        if e.x.dtype is DType.bool:
+            return f"{x}.to(tl.int8).to({tl_type(dst)})"
+        return f"{x}.to({tl_type(dst)})"
+
+    def store_value(self, value: str, dtype: DType) -> str:
+        """A computed value converted to ``dtype``'s storage type."""
+        if dtype is DType.bool:
+            return f"{value}.to(tl.int8)"
+        return f"{value}.to({tl_type(dtype)})"
+
+
+def reads(e: Expr, buf: str) -> list[Load]:
+    return [x for x in walk(e) if isinstance(x, Load) and x.buf == buf]
+
+
+PRELUDE = '''"""Triton kernels generated by deploy (one function per tensor-IR stage)."""
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice as _m
+
+
+@triton.jit
+def _pymod(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _mul_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+'''

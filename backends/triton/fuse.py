@@ -1,0 +1,71 @@
+"""Stage fusion for GPUs: fold a stage into the next one when that one reads the first's output
+only at its own point, so the value never goes through device memory and one launch disappears.
+
+    X[v] = sum_r a*b;  X[v] = X[v] + bias[v1];  out[v] = max(X[v], 0)
+      ->  out[v] = max(sum_r a*b + bias[v1], 0)
+
+(the CPU backend keeps these stages apart: its contraction schedule accumulates in place). A
+producer is folded only into the stage right after it, when no later stage reads what it wrote
+(unless that next stage overwrites it in place) and no view aliases it.
+"""
+from __future__ import annotations
+
+from ...tensor_ir.expr import Load, Reduce, Var, substitute, transform, walk
+from ...tensor_ir.kernel import Kernel, Stage
+
+
+def fuse_stages(kernel: Kernel) -> Kernel:
+    stages = list(kernel.stages)
+    k = 0
+    while k + 1 < len(stages):
+        merged = _merge(kernel, stages, k)
+        if merged is None:
+            k += 1
+            continue
+        stages[k:k + 2] = [merged]
+        k = max(k - 1, 0)
+    used = {s.out for s in stages} | {x.buf for s in stages for x in walk(s.body)
+                                      if isinstance(x, Load)}
+    temps = [t for t in kernel.temps if t.name in used]
+    return Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages, kernel.note,
+                  kernel.aliases)
+
+
+def _merge(kernel: Kernel, stages: list[Stage], k: int) -> Stage | None:
+    p, c = stages[k], stages[k + 1]
+    x = p.out
+    if p.store_index is not None or c.store_index is not None or p.extents != c.extents:
+        return None
+    if any(base == x or view.name == x for view, base in kernel.aliases):
+        return None
+    if x in {b.name for b in kernel.outputs} and c.out != x:
+        return None  # the kernel's caller needs X itself
+    if c.out != x and any(_reads(s, x) for s in stages[k + 2:]):
+        return None
+    loads = [e for e in walk(c.body) if isinstance(e, Load) and e.buf == x]
+    if not loads or not all(_at_point(e.index, c.vars, c.extents) for e in loads):
+        return None
+    if any(isinstance(r, Reduce) and any(isinstance(e, Load) and e.buf == x for e in walk(r))
+           for r in walk(c.body)):
+        return None  # inside a reduction it would be recomputed per reduction step
+    # the producer must not read what either stage writes, except at the same point
+    if any(not _at_point(e.index, p.vars, p.extents)
+           for e in walk(p.body) if isinstance(e, Load) and e.buf == x):
+        return None
+    if c.out != x and any(not _at_point(e.index, p.vars, p.extents)
+                          for e in walk(p.body) if isinstance(e, Load) and e.buf == c.out):
+        return None
+    value = substitute(p.body, dict(zip(p.vars, c.vars)))
+    body = transform(c.body, lambda e: value if isinstance(e, Load) and e.buf == x else None)
+    return Stage(c.out, c.vars, c.extents, body, None, None)
+
+
+def _reads(stage: Stage, buf: str) -> bool:
+    exprs = [stage.body, *(stage.store_index or ())]
+    return any(isinstance(e, Load) and e.buf == buf for x in exprs for e in walk(x))
+
+
+def _at_point(index, vars_, extents) -> bool:
+    """``index`` addresses the stage's own point (size-1 dimensions may be indexed by 0)."""
+    return all((isinstance(ix, Var) and ix == v) or (n == 1 and getattr(ix, "value", None) == 0)
+               for ix, v, n in zip(index, vars_, extents))

@@ -1,0 +1,500 @@
+"""Render tensor-IR kernels to Triton: one ``@triton.jit`` function per stage.
+
+Templates, chosen per stage in this order (first that applies):
+
+- ``serial``: scatter stages (``store_index``) and stages that read their own output at other
+  points run their points in order in one program (ONNX's "later writes win"), as C does;
+- ``gemm``: a contraction ``out = epi(sum_r a * b)`` (the pattern ``schedule.rule_gemm_tile``
+  recognises) becomes a tiled ``tl.dot`` GEMM: output variables read only by ``a`` form M, only by
+  ``b`` form N, the rest are batch; fp32 accumulation; the epilogue is applied at the store.
+  Implicit-GEMM convolution is this template with ``a``/``b`` loaded through their index
+  expressions (padding as masked loads);
+- ``reduction``: ``XBLOCK`` output points per program, each reduction over ``RBLOCK`` lanes,
+  looping when longer (reductions nested inside reductions run serially);
+- ``pointwise``: a flat 1-D block over the output, the flat index decomposed into the stage's
+  variables with ``//`` and ``%``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...graph_ir.types import DType
+from ...tensor_ir.expr import (
+    B, Binary, Cast, Expr, Load, R, Reduce, Select, Var, children, transform, walk,
+)
+from ...tensor_ir.kernel import Kernel, Stage
+from .config import GemmConfig, LaunchConfig, gemm_config, pointwise_config, reduction_config
+from .exprs import PRELUDE, PTR_TYPE, BufRef, Emitter, compute_dtype, tl_type
+
+BIG = 2 ** 31
+
+
+@dataclass
+class TritonFunction:
+    """One generated function and how to launch it."""
+    name: str
+    source: str
+    args: list[str]  # kernel buffer (storage) names, in parameter order
+    signature: dict[str, str]  # parameter -> triton type ("*fp32", or "constexpr")
+    constexprs: dict[str, int]
+    grid: tuple[int, int, int]
+    num_warps: int
+    num_stages: int
+    template: str
+    stage: int
+    meta: dict = field(default_factory=dict)
+
+
+def _ident(name: str) -> str:
+    return "p_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def kernel_buffers(k: Kernel) -> tuple[dict[str, BufRef], dict[str, str]]:
+    """Buffer name -> how it is reached; parameter -> the kernel buffer that backs it."""
+    refs, owner = {}, {}
+    for b in (*k.inputs, *k.outputs, *k.temps):
+        refs[b.name] = BufRef(_ident(b.name), tuple(b.shape), b.dtype)
+        owner[_ident(b.name)] = b.name
+    for view, base in k.aliases:
+        refs[view.name] = BufRef(_ident(base), tuple(view.shape), view.dtype)
+    return refs, owner
+
+
+class TritonRenderer:
+    """``kernel(k)`` -> the Triton functions (one per stage, in order) of one tensor-IR kernel."""
+
+    def __init__(self, target=None, allow_tf32: bool = False) -> None:
+        self.target = target
+        self.allow_tf32 = allow_tf32
+
+    def kernel(self, k: Kernel) -> list[TritonFunction]:
+        refs, owner = kernel_buffers(k)
+        wide = any(_numel(b.shape) >= BIG for b in (*k.inputs, *k.outputs, *k.temps))
+        out = []
+        for s, stage in enumerate(k.stages):
+            if _numel(stage.extents) == 0:
+                continue  # nothing to write
+            fn = StageRenderer(self, f"{k.name}_s{s}", refs, wide).render(stage)
+            fn.args = [owner[p] for p in fn.args]
+            fn.stage = s
+            out.append(fn)
+        return out
+
+    @staticmethod
+    def module(functions: list[TritonFunction]) -> str:
+        """One Python module holding every function (after the shared prelude)."""
+        return PRELUDE + "\n\n" + "\n\n".join(f.source for f in functions)
+
+
+class StageRenderer:
+    def __init__(self, parent: TritonRenderer, name: str, refs: dict[str, BufRef], wide: bool):
+        self.parent = parent
+        self.name = name
+        self.refs = refs
+        self.wide = wide
+        self.em = Emitter(refs)
+
+    def render(self, st: Stage) -> TritonFunction:
+        if _is_serial(st, self.refs):
+            return self.serial(st)
+        contraction = contraction_of(st)
+        if contraction is not None:
+            cfg = gemm_config(contraction.m, contraction.n, contraction.k, self.parent.target,
+                              contraction.half)
+            if cfg is not None:
+                return self.gemm(st, contraction, cfg)
+        if any(isinstance(x, Reduce) for x in walk(st.body)):
+            return self.reduction(st)
+        return self.pointwise(st)
+
+    # ---- function assembly ----------------------------------------------------------------------
+    def _function(self, template: str, constexprs: dict[str, int], grid, cfg: LaunchConfig,
+                  meta: dict | None = None) -> TritonFunction:
+        params = list(self.em.used)
+        sig = {p: PTR_TYPE[self._dtype_of(p)] for p in params}
+        sig.update({c: "constexpr" for c in constexprs})
+        header = ", ".join(params + [f"{c}: tl.constexpr" for c in constexprs])
+        src = f"@triton.jit\ndef {self.name}({header}):\n" + "\n".join(self.em.lines) + "\n"
+        return TritonFunction(self.name, src, params, sig, dict(constexprs),
+                              tuple(grid) + (1,) * (3 - len(grid)), cfg.num_warps,
+                              cfg.num_stages, template, -1, meta or {})
+
+    def _dtype_of(self, param: str) -> DType:
+        for ref in self.refs.values():
+            if ref.param == param:
+                return ref.dtype
+        raise KeyError(param)
+
+    def _flat_index(self, size: int, block: str, suffix: str = "") -> str:
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        return f"{pid} * {block} + tl.arange(0, {block}){suffix}"
+
+    def _store(self, st: Stage, value: str, guard: str | None, contiguous: str | None) -> None:
+        out = self.refs[st.out]
+        if contiguous is not None and tuple(st.extents) == out.shape:
+            off = contiguous
+        else:
+            off = self.em.flat(st.out, st.vars, guard)
+        self.em.param(st.out)
+        mask = "" if guard is None else f", mask={guard}"
+        self.em.emit(f"tl.store({out.param} + ({off}), {self.em.store_value(value, out.dtype)}{mask})")
+
+    # ---- pointwise -----------------------------------------------------------------------------
+    def pointwise(self, st: Stage) -> TritonFunction:
+        n = _numel(st.extents)
+        cfg = pointwise_config(n)
+        em = self.em
+        em.param(st.out)
+        em.emit(f"xidx = {self._flat_index(n, 'XBLOCK')}")
+        em.emit(f"xmask = xidx < {n}")
+        em.decompose("xidx", st.vars, st.extents)
+        value = em.expr(st.body, "xmask")
+        self._store(st, value, "xmask", "xidx")
+        grid = (-(-n // cfg.block),)
+        return self._function("pointwise", {"XBLOCK": cfg.block}, grid, cfg)
+
+    # ---- reductions ----------------------------------------------------------------------------
+    def reduction(self, st: Stage) -> TritonFunction:
+        n = _numel(st.extents)
+        rn = max(_reduce_extent(r) for r in walk(st.body) if isinstance(r, Reduce))
+        cfg = reduction_config(n, rn)
+        em = self.em
+        em.param(st.out)
+        em.emit(f"xidx = {self._flat_index(n, 'XBLOCK', '[:, None]')}")
+        em.emit(f"xmask = xidx < {n}")
+        em.decompose("xidx", st.vars, st.extents)
+        self.xshape = "[XBLOCK, 1]"
+        self.blocked = True
+        em.reduce_fn = self._reduce
+        value = em.expr(st.body, "xmask")
+        self._store(st, value, "xmask", "xidx")
+        grid = (-(-n // cfg.xblock),)
+        return self._function("reduction", {"XBLOCK": cfg.xblock, "RBLOCK": cfg.rblock}, grid,
+                              cfg)
+
+    def _reduce(self, red: Reduce, guard: str | None) -> str:
+        inner = _inner_reductions(red)
+        hoistable = self.blocked and all(_independent(r, red) for r in inner) and \
+            not _under_select(red)
+        if hoistable:
+            hoisted = {r: self.em.expr(r, guard) for r in inner}
+            return self._reduce_blocked(red, guard, hoisted)
+        return self._reduce_serial(red, guard)
+
+    def _reduce_blocked(self, red: Reduce, guard: str | None, hoisted: dict) -> str:
+        em = self.em
+        rn = _reduce_extent(red)
+        acc_t = compute_dtype(red.body.dtype)
+        arg = red.op in (R.ARGMAX, R.ARGMIN)
+        acc = em.fresh("acc")
+        shape = "[XBLOCK, RBLOCK]"
+        if arg:
+            em.emit(f"{acc} = tl.full({shape}, 0, {tl_type(acc_t)})")
+            em.emit(f"{acc}_i = tl.full({shape}, {rn}, tl.int32)")
+        else:
+            em.emit(f"{acc} = tl.full({shape}, {_init(red.op, acc_t)}, {tl_type(acc_t)})")
+        em.open(f"for {acc}_r0 in range(0, {rn}, RBLOCK):")
+        ridx = em.let(f"{acc}_r0 + tl.arange(0, RBLOCK)[None, :]", "r")
+        rg = em.let(f"({ridx} < {rn})" if guard is None else f"{guard} & ({ridx} < {rn})", "g")
+        em.decompose(ridx, [v for v, _ in red.vars], [e for _, e in red.vars])
+        for r, name in hoisted.items():
+            em.memo((r, rg), name)
+        v = em.expr(red.body, rg)
+        if arg:
+            cmp = ">" if red.op is R.ARGMAX else "<"
+            take = em.let(f"{rg} & (({acc}_i == {rn}) | ({v} {cmp} {acc}))", "g")
+            em.emit(f"{acc} = tl.where({take}, {v}, {acc})")
+            em.emit(f"{acc}_i = tl.where({take}, {ridx}, {acc}_i)")
+        else:
+            init = _init(red.op, acc_t)
+            em.emit(f"{acc} = {_combine(red.op, acc_t, acc, f'tl.where({rg}, {v}, {init})')}")
+        em.close()
+        if arg:
+            return self._arg_final(red, acc, acc_t, rn)
+        res = em.let(_final(red.op, acc_t, acc), "red")
+        return self._cast_result(res, acc_t, red.dtype)
+
+    def _arg_final(self, red: Reduce, acc: str, acc_t: DType, rn: int) -> str:
+        em = self.em
+        valid = em.let(f"{acc}_i < {rn}", "g")
+        worst = _init(R.MAX if red.op is R.ARGMAX else R.MIN, acc_t)
+        best = em.let(_final(R.MAX if red.op is R.ARGMAX else R.MIN, acc_t,
+                             f"tl.where({valid}, {acc}, {worst})"), "red")
+        first = em.let(f"tl.min(tl.where({valid} & ({acc} == {best}), {acc}_i, {rn}), 1, "
+                       f"keep_dims=True)", "red")
+        return em.let(f"tl.where({first} == {rn}, 0, {first}).to(tl.int64)", "red")
+
+    def _reduce_serial(self, red: Reduce, guard: str | None) -> str:
+        em = self.em
+        rn = _reduce_extent(red)
+        acc_t = compute_dtype(red.body.dtype)
+        arg = red.op in (R.ARGMAX, R.ARGMIN)
+        acc = em.fresh("acc")
+        init = "0" if arg else _init(red.op, acc_t)
+        em.emit(f"{acc} = tl.full({self.xshape}, {init}, {tl_type(acc_t)})")
+        if arg:
+            em.emit(f"{acc}_i = tl.full({self.xshape}, {rn}, tl.int32)")
+        blocked, self.blocked = self.blocked, False  # reductions inside run serially too
+        em.open(f"for {acc}_r in range(0, {rn}):")
+        em.decompose(f"{acc}_r", [v for v, _ in red.vars], [e for _, e in red.vars])
+        v = em.expr(red.body, guard)
+        ok = "True" if guard is None else guard
+        if arg:
+            cmp = ">" if red.op is R.ARGMAX else "<"
+            take = em.let(f"({ok}) & (({acc}_i == {rn}) | ({v} {cmp} {acc}))", "g")
+            em.emit(f"{acc} = tl.where({take}, {v}, {acc})")
+            em.emit(f"{acc}_i = tl.where({take}, {acc}_r, {acc}_i)")
+        else:
+            em.emit(f"{acc} = {_combine(red.op, acc_t, acc, f'tl.where({ok}, {v}, {init})')}")
+        em.close()
+        self.blocked = blocked
+        if arg:
+            return em.let(f"tl.where({acc}_i == {rn}, 0, {acc}_i).to(tl.int64)", "red")
+        return self._cast_result(acc, acc_t, red.dtype)
+
+    def _cast_result(self, name: str, acc_t: DType, dtype: DType) -> str:
+        want = compute_dtype(dtype)
+        return name if want is acc_t else self.em.let(f"{name}.to({tl_type(want)})", "red")
+
+    # ---- serial (scatter, self-reading) ---------------------------------------------------------
+    def serial(self, st: Stage) -> TritonFunction:
+        n = _numel(st.extents)
+        em = self.em
+        out = self.refs[st.out]
+        em.param(st.out)
+        self.xshape, self.blocked = "[]", False
+        em.reduce_fn = self._reduce
+        em.open(f"for s in range(0, {n}):")
+        em.decompose("s", st.vars, st.extents)
+        value = em.expr(st.body, None)
+        index = st.store_index if st.store_index is not None else st.vars
+        off = em.let(em.flat(st.out, index, None), "o")
+        if st.accumulate:
+            cur = em.let(f"tl.load({out.param} + {off})", "t")
+            if out.dtype in (DType.float16, DType.bfloat16):
+                cur = em.let(f"{cur}.to(tl.float32)", "t")
+            elif out.dtype is DType.bool:
+                cur = em.let(f"({cur} != 0)", "t")
+            value = em.let(_accumulate(st.accumulate, compute_dtype(out.dtype), cur, value), "t")
+        em.emit(f"tl.store({out.param} + {off}, {em.store_value(value, out.dtype)})")
+        em.emit("tl.debug_barrier()")  # the next point may read what this one wrote
+        em.close()
+        return self._function("serial", {}, (1,), LaunchConfig(num_warps=1))
+
+    # ---- GEMM ----------------------------------------------------------------------------------
+    def gemm(self, st: Stage, c: Contraction, cfg: GemmConfig) -> TritonFunction:
+        em = self.em
+        em.param(st.out)
+        pm, pn = -(-c.m // cfg.bm), -(-c.n // cfg.bn)
+        tiles = pm * pn
+        em.emit("pid = tl.program_id(0)")
+        em.emit(f"po = pid // {tiles}")
+        em.emit(f"t = pid % {tiles}")
+        # grouped order: GROUP_M row tiles share each column tile while it is in L2
+        width = cfg.group_m * pn
+        em.emit(f"first_m = (t // {width}) * {cfg.group_m}")
+        em.emit(f"gsize = tl.minimum({pm} - first_m, {cfg.group_m})")
+        em.emit(f"pm = first_m + (t % {width}) % gsize")
+        em.emit(f"pn = (t % {width}) // gsize")
+        em.decompose("po", [st.vars[k] for k in c.outer], [st.extents[k] for k in c.outer])
+        em.emit("mi = pm * BM + tl.arange(0, BM)[:, None]")
+        em.emit("nj = pn * BN + tl.arange(0, BN)[None, :]")
+        em.decompose("mi", [st.vars[k] for k in c.mvars], [st.extents[k] for k in c.mvars])
+        em.decompose("nj", [st.vars[k] for k in c.nvars], [st.extents[k] for k in c.nvars])
+        em.emit("acc = tl.zeros([BM, BN], tl.float32)")
+        rvars, rext = [v for v, _ in c.red.vars], [e for _, e in c.red.vars]
+        em.open(f"for k0 in range(0, {c.k}, BK):")
+        a = self._operand(c.a, "ka", "k0 + tl.arange(0, BK)[None, :]", f"(mi < {c.m})",
+                          rvars, rext, c, "[BM, BK]")
+        b = self._operand(c.b, "kb", "k0 + tl.arange(0, BK)[:, None]", f"(nj < {c.n})",
+                          rvars, rext, c, "[BK, BN]")
+        mode = "tf32" if self.parent.allow_tf32 else "ieee"
+        precision = "" if c.half else f", input_precision='{mode}'"
+        em.emit(f"acc = tl.dot({a}, {b}, acc{precision})")
+        em.close()
+        em.emit(f"omask = (mi < {c.m}) & (nj < {c.n})")
+        epi = transform(st.body, lambda e: Var("acc", c.red.dtype) if e == c.red else None)
+        em.env[Var("acc", c.red.dtype)] = "acc"
+        value = em.expr(epi, "omask")
+        self._store(st, value, "omask", None)
+        outer = _numel([st.extents[k] for k in c.outer])
+        consts = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk}
+        meta = {"m": c.m, "n": c.n, "k": c.k, "half": c.half}
+        return self._function("gemm", consts, (tiles * outer,), cfg, meta)
+
+    def _operand(self, e: Expr, kname: str, kexpr: str, inside: str, rvars, rext, c, shape):
+        em = self.em
+        em.push()
+        kk = em.let(kexpr, kname)
+        guard = em.let(f"{inside} & ({kk} < {c.k})", "g")
+        em.decompose(kk, rvars, rext)
+        if c.half:
+            em.keep_half = True
+            e = e.x  # Cast(half load) -> the half load itself
+        value = em.expr(e, guard)
+        em.keep_half = False
+        em.pop()
+        return em.let(f"tl.broadcast_to({value}, {shape})", kname + "v")
+
+
+# ---- stage analysis --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Contraction:
+    red: Reduce
+    a: Expr  # operand indexed by the M variables (and r)
+    b: Expr  # operand indexed by the N variables (and r)
+    mvars: tuple[int, ...]
+    nvars: tuple[int, ...]
+    outer: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    half: bool  # both operands are half-precision loads: tl.dot in fp16/bf16
+
+
+def _operand_ok(e: Expr) -> bool:
+    # Load, Cast(Load), or Select(cond, Load, 0) (zero padding), as schedule.rule_gemm_tile
+    if isinstance(e, Cast):
+        return _operand_ok(e.x)
+    if isinstance(e, Select):
+        return _operand_ok(e.a) and not any(isinstance(x, Load) for x in walk(e.b))
+    return isinstance(e, Load)
+
+
+def _half_of(e: Expr) -> DType | None:
+    if isinstance(e, Cast) and e.dtype is DType.float32 and \
+            e.x.dtype in (DType.float16, DType.bfloat16):
+        return e.x.dtype
+    return None
+
+
+def contraction_of(st: Stage) -> Contraction | None:
+    """out[..] = epi(sum_r a * b) with one distinct float SUM, a and b plain (masked) loads, and
+    output variables that only ``a`` and only ``b`` read; else None."""
+    reds = {x for x in walk(st.body) if isinstance(x, Reduce)}
+    if len(reds) != 1 or st.store_index is not None:
+        return None
+    red = next(iter(reds))
+    if red.op is not R.SUM or red.dtype is not DType.float32 or \
+            not isinstance(red.body, Binary) or red.body.op is not B.MUL:
+        return None
+    x, y = red.body.a, red.body.b
+    if not (_operand_ok(x) and _operand_ok(y)):
+        return None
+    vx = {v for v in walk(x) if isinstance(v, Var)}
+    vy = {v for v in walk(y) if isinstance(v, Var)}
+    only_x = tuple(k for k, v in enumerate(st.vars) if v in vx and v not in vy)
+    only_y = tuple(k for k, v in enumerate(st.vars) if v in vy and v not in vx)
+    if not only_x or not only_y:
+        return None
+    last = len(st.vars) - 1  # N holds the innermost output variable when it can (coalesced store)
+    if last in only_x:
+        x, y, only_x, only_y = y, x, only_y, only_x
+    outer = tuple(k for k in range(len(st.vars)) if k not in only_x and k not in only_y)
+    hx, hy = _half_of(x), _half_of(y)
+    return Contraction(red, x, y, only_x, only_y, outer,
+                       _numel([st.extents[k] for k in only_x]),
+                       _numel([st.extents[k] for k in only_y]), _reduce_extent(red),
+                       hx is not None and hx is hy)
+
+
+def _is_serial(st: Stage, refs: dict[str, BufRef]) -> bool:
+    if st.store_index is not None:
+        return True
+    mine = refs[st.out].param
+    same = tuple(st.extents) == refs[st.out].shape
+    for x in walk(st.body):
+        if isinstance(x, Load) and refs[x.buf].param == mine:
+            if not (same and x.buf == st.out and _identity(x.index, st.vars, st.extents)):
+                return True  # reads its own output at another point: order matters
+    return False
+
+
+def _identity(index, vars_, extents) -> bool:
+    return all(ix == v or (e == 1 and getattr(ix, "value", None) == 0)
+               for ix, v, e in zip(index, vars_, extents))
+
+
+def _reduce_extent(red: Reduce) -> int:
+    return _numel([e for _, e in red.vars])
+
+
+def _inner_reductions(red: Reduce) -> list[Reduce]:
+    """The outermost reductions inside ``red``'s body (not those nested in them), each once."""
+    seen: dict[Reduce, None] = {}
+
+    def visit(e):
+        if isinstance(e, Reduce):
+            seen.setdefault(e)
+            return
+        for c in children(e):
+            visit(c)
+
+    visit(red.body)
+    return list(seen)
+
+
+def _independent(inner: Reduce, outer: Reduce) -> bool:
+    mine = {v for v, _ in outer.vars}
+    return not any(isinstance(x, Var) and x in mine for x in walk(inner))
+
+
+def _under_select(red: Reduce) -> bool:
+    """Does a reduction inside ``red`` sit under a Select (its loads then need that guard)?"""
+    def has_red(e):
+        return any(isinstance(x, Reduce) for x in walk(e))
+    return any(isinstance(x, Select) and (has_red(x.a) or has_red(x.b) or has_red(x.cond))
+               for x in walk(red.body))
+
+
+def _init(op: R, dtype: DType) -> str:
+    if op is R.SUM:
+        return "0"
+    if op is R.PROD:
+        return "1"
+    if dtype.is_float:
+        return "float('-inf')" if op is R.MAX else "float('inf')"
+    if dtype is DType.bool:
+        return "0" if op is R.MAX else "1"
+    import numpy as np
+    info = np.iinfo(dtype.np)
+    return str(int(info.min if op is R.MAX else info.max))
+
+
+def _combine(op: R, dtype: DType, acc: str, v: str) -> str:
+    if op is R.SUM:
+        return f"{acc} + {v}"
+    if op is R.PROD:
+        return f"{acc} * {v}"
+    fn = "tl.maximum" if op is R.MAX else "tl.minimum"
+    nan = ", propagate_nan=tl.PropagateNan.ALL" if dtype.is_float else ""
+    return f"{fn}({acc}, {v}{nan})"
+
+
+def _final(op: R, dtype: DType, acc: str) -> str:
+    if op is R.SUM:
+        return f"tl.sum({acc}, 1, keep_dims=True)"
+    if op is R.PROD:
+        return f"tl.reduce({acc}, 1, _mul_combine, keep_dims=True)"
+    if dtype.is_float:
+        fn = "_max_combine" if op is R.MAX else "_min_combine"
+        return f"tl.reduce({acc}, 1, {fn}, keep_dims=True)"
+    return f"tl.{'max' if op is R.MAX else 'min'}({acc}, 1, keep_dims=True)"
+
+
+def _accumulate(kind: str, dtype: DType, cur: str, v: str) -> str:
+    if kind == "add":
+        return f"{cur} + {v}"
+    if kind == "mul":
+        return f"{cur} * {v}"
+    if kind in ("max", "min"):
+        return _combine(R.MAX if kind == "max" else R.MIN, dtype, cur, v)
+    raise NotImplementedError(f"Triton renderer: scatter accumulate {kind!r}")
