@@ -274,14 +274,15 @@ class CRenderer:
         return f"&{self.expr(start, lines, ind)}"
 
     # ---- loops --------------------------------------------------------------------------
-    def _open_loops(self, lines, vars_, extents, parallel: int, ind: str, simd=False) -> int:
+    def _open_loops(self, lines, vars_, extents, parallel: int, ind: str, simd=False,
+                    clause: str = "") -> int:
         for k, (v, n) in enumerate(zip(vars_, extents)):
             pad = ind + "  " * k
             if k == 0 and parallel:
                 collapse = f" collapse({parallel})" if parallel > 1 else ""
                 lines.append(f"{pad}#pragma omp parallel for{collapse} schedule(static)")
             if simd and k == len(vars_) - 1:
-                lines.append(f"{pad}#pragma omp simd")
+                lines.append(f"{pad}#pragma omp simd{clause}")
             lines.append(f"{pad}for (int64_t {v.name} = 0; {v.name} < {int(n)}; ++{v.name}) {{")
         return len(vars_)
 
@@ -414,7 +415,11 @@ class CRenderer:
         else:
             lines.append(f"{ind}{ctype} {acc} = {self._reduce_init(e)};")
         rvars = [v for v, _ in e.vars]
-        depth = self._open_loops(lines, rvars, [n for _, n in e.vars], 0, ind)
+        # a float sum with no nested reduction vectorizes as an OpenMP SIMD reduction
+        simd = (e.op is R.SUM and ctype in ("float", "double")
+                and not any(isinstance(x, Reduce) for x in walk(e.body)))
+        depth = self._open_loops(lines, rvars, [n for _, n in e.vars], 0, ind, simd=simd,
+                                 clause=f" reduction(+:{acc})")
         inner = ind + "  " * depth
         val = self.expr(e.body, lines, inner)
         if arg:
