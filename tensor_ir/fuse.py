@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph_ir.graph import Node, Value
-from .expr import Load, Reduce, Var, substitute, transform, walk
+from .expr import Load, Reduce, Select, Var, substitute, transform, walk
 from .kernel import Buffer, Kernel, Stage
 from .lower import lower_node
 
@@ -77,6 +77,9 @@ def _inlinable(kernel: Kernel, k: int, stage: Stage) -> bool:
         return False
     if sum(1 for s in kernel.stages if s.out == stage.out) != 1:
         return False
+    if _guarded(stage) and _read_in_reduction(kernel, stage.out):
+        return False  # a zero-padded copy read by a contraction: inlined, its bounds tests
+        # would run once per multiply-add instead of once per element
     if not any(isinstance(x, Reduce) for x in walk(stage.body)):
         return True  # cheap: recomputing an elementwise body is fine
     uses = list(_loads_of(kernel.stages, stage.out))
@@ -88,6 +91,17 @@ def _inlinable(kernel: Kernel, k: int, stage: Stage) -> bool:
     return (consumer.extents == stage.extents and load.index == consumer.vars
             and not any(isinstance(x, Reduce) and load in set(walk(x))
                         for x in walk(consumer.body)))
+
+
+def _guarded(stage: Stage) -> bool:
+    """Whether the stage reads its input under a condition (a Select around a Load)."""
+    return any(isinstance(x, Select) and any(isinstance(y, Load) for y in walk(x))
+               for x in walk(stage.body))
+
+
+def _read_in_reduction(kernel: Kernel, buf: str) -> bool:
+    return any(isinstance(x, Reduce) and any(isinstance(y, Load) and y.buf == buf for y in walk(x))
+               for s in kernel.stages for x in walk(s.body))
 
 
 def inline(kernel: Kernel) -> Kernel:

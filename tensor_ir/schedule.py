@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .expr import B, Binary, Cast, Expr, Load, R, Reduce, Select, Var, walk
+from .expr import B, Binary, Cast, Expr, Load, R, Reduce, Select, Var, affine_coeff, walk
 from .kernel import Kernel, Stage
 
 PARALLEL_MIN_WORK = 1 << 15  # points x body size below which OpenMP costs more than it gives
@@ -161,7 +161,29 @@ def rule_gemm_tile(stage: Stage, mr: int = MR, nr: int = NR) -> StageSchedule | 
     return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, mr, nr, a, b))
 
 
-RULES = [rule_scatter, rule_gemm_tile, rule_contraction]
+DOT_MIN = 32  # innermost reduction extent from which a stage runs as vectorized dot products
+
+
+def _unit_stride(load: Load, v: Var) -> bool:
+    return bool(load.index) and affine_coeff(load.index[-1], v) == 1 and all(
+        affine_coeff(i, v) == 0 for i in load.index[:-1])
+
+
+def rule_dot(stage: Stage) -> StageSchedule | None:
+    # out[.., j] = sum_k a[.., k] * b[j, k]: every operand contiguous along the innermost
+    # reduction variable and none along j -> keep the sum innermost (a SIMD dot product)
+    red = single_sum(stage)
+    if red is None or not stage.vars or red.vars[-1][1] < DOT_MIN:
+        return None
+    k, j = red.vars[-1][0], stage.vars[-1]
+    loads = [x for x in walk(red.body) if isinstance(x, Load)]
+    if not loads or not all(_unit_stride(x, k) for x in loads) \
+            or any(_unit_stride(x, j) for x in loads):
+        return None
+    return rule_generic(stage)
+
+
+RULES = [rule_scatter, rule_dot, rule_gemm_tile, rule_contraction]
 
 
 def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None) -> list[StageSchedule]:

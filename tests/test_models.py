@@ -63,8 +63,8 @@ def test_to_opset17_rewrites_split_and_reduce_like_ort():
              helper.make_node("Add", ["m", "c"], ["y"], name="add")]
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 7])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None),
-         helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 1]),
+         helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [2, 3])],
         [numpy_helper.from_array(np.array([1], np.int64), "axes")])
     m18 = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
     m17 = models.to_opset17(m18)

@@ -9,6 +9,7 @@ host memory). libdevice calls, which the interpreter cannot run, get numpy equiv
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import tempfile
@@ -50,13 +51,45 @@ class NumpyLibdevice:
 
 
 def load_interpreted(source: str, directory: Path | None = None):
-    """Import generated Triton source with the interpreter on (``@triton.jit`` decides then)."""
-    os.environ["TRITON_INTERPRET"] = "1"
+    """Import generated Triton source with the interpreter on (``@triton.jit`` decides when a
+    function is defined), then turn it off again so AOT compiles in this process still work."""
     from .toolchain import load_source
     directory = directory or Path(tempfile.mkdtemp(prefix="deploy-interp-"))
-    module = load_source(source, directory)
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        module = load_source(source, directory)
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
     module._m = NumpyLibdevice()
     return module
+
+
+_STDLIB: dict = {}
+
+
+@contextlib.contextmanager
+def interpreted_stdlib():
+    """Triton's own ``@jit`` library functions (``tl.sum``, ``tl.zeros`` ...) as interpreted
+    functions while a launch runs (they were defined before the interpreter was on)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    if not _STDLIB:
+        for name in dir(tl):
+            obj = getattr(tl, name)
+            if isinstance(obj, JITFunction):
+                _STDLIB[name] = (obj, InterpretedFunction(obj.fn))
+    for name, (_, interp) in _STDLIB.items():
+        setattr(tl, name, interp)
+    try:
+        yield
+    finally:
+        for name, (orig, _) in _STDLIB.items():
+            setattr(tl, name, orig)
 
 
 class InterpretDevice:
@@ -99,7 +132,8 @@ class InterpretDevice:
 
     def launch(self, prepared) -> None:
         fn, grid, tensors, constexprs = prepared
-        fn[grid](*tensors, **constexprs)
+        with interpreted_stdlib():
+            fn[grid](*tensors, **constexprs)
         self.launches += 1
 
     def capture(self, body):

@@ -243,7 +243,7 @@ class StageRenderer:
             em.emit(f"{acc}_i = tl.full({self.xshape}, {rn}, tl.int32)")
         blocked, self.blocked = self.blocked, False  # reductions inside run serially too
         em.open(f"for {acc}_r in range(0, {rn}):")
-        em.decompose(f"{acc}_r", [v for v, _ in red.vars], [e for _, e in red.vars])
+        em.decompose(f"{acc}_r", [v for v, _ in red.vars], [e for _, e in red.vars], block=False)
         v = em.expr(red.body, guard)
         ok = "True" if guard is None else guard
         if arg:
@@ -272,7 +272,7 @@ class StageRenderer:
         self.xshape, self.blocked = "[]", False
         em.reduce_fn = self._reduce
         em.open(f"for s in range(0, {n}):")
-        em.decompose("s", st.vars, st.extents)
+        em.decompose("s", st.vars, st.extents, block=False)
         value = em.expr(st.body, None)
         index = st.store_index if st.store_index is not None else st.vars
         off = em.let(em.flat(st.out, index, None), "o")
@@ -303,7 +303,8 @@ class StageRenderer:
         em.emit(f"gsize = tl.minimum({pm} - first_m, {cfg.group_m})")
         em.emit(f"pm = first_m + (t % {width}) % gsize")
         em.emit(f"pn = (t % {width}) // gsize")
-        em.decompose("po", [st.vars[k] for k in c.outer], [st.extents[k] for k in c.outer])
+        em.decompose("po", [st.vars[k] for k in c.outer], [st.extents[k] for k in c.outer],
+                     block=False)
         em.emit("mi = pm * BM + tl.arange(0, BM)[:, None]")
         em.emit("nj = pn * BN + tl.arange(0, BN)[None, :]")
         em.decompose("mi", [st.vars[k] for k in c.mvars], [st.extents[k] for k in c.mvars])

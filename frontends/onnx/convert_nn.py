@@ -48,9 +48,13 @@ def convert_gemm(cx, node, ins):
     attr = lambda k, d: cx.attr(node, k, d)  # noqa: E731
     if attr("transA", 0):
         a = cx.b.op(mv.Transpose, a, perm=(1, 0))
-    if attr("transB", 0):
-        b = cx.b.op(mv.Transpose, b, perm=(1, 0))
-    y = cx.b.op(ct.MatMul, a, b, name=node.name)
+    if attr("transB", 0) and cx.b.value_of(b) is None:
+        # a run-time B^T is read in place (a dot product per output) instead of transposed
+        y = cx.b.op(ct.Einsum, a, b, name=node.name, equation="ik,jk->ij")
+    else:
+        if attr("transB", 0):  # constant: transposed once, at import
+            b = cx.b.op(mv.Transpose, b, perm=(1, 0))
+        y = cx.b.op(ct.MatMul, a, b, name=node.name)
     alpha, beta = float(attr("alpha", 1.0)), float(attr("beta", 1.0))
     if alpha != 1.0:
         y = cx.b.op(ew.Mul, y, _scalar(cx, alpha, y))

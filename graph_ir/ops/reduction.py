@@ -31,13 +31,18 @@ def lowest(dtype: np.dtype):
     """The identity of max: -inf for floats, the smallest value for ints, False for bool."""
     if dtype == np.bool_:
         return False
-    return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+    return -np.inf if _is_float(dtype) else np.iinfo(dtype).min
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    # ml_dtypes' bfloat16 is not a numpy floating subtype
+    return np.issubdtype(dtype, np.floating) or np.dtype(dtype).name == "bfloat16"
 
 
 def highest(dtype: np.dtype):
     if dtype == np.bool_:
         return True
-    return np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).max
+    return np.inf if _is_float(dtype) else np.iinfo(dtype).max
 
 
 def _ufunc_ref(ufunc, initial=None):

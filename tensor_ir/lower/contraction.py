@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...graph_ir import ops
 from ...graph_ir.ops.contraction import einsum_dims, parse_einsum
 from ...graph_ir.ops.nn import compute_dtype
-from ..expr import B, Const, R, Reduce, binary, cast, const, select
+from ..expr import INDEX, B, Const, R, Reduce, binary, cast, const, select
 from ..kernel import Buffer, Stage, compute, reduce_vars
 from .elementwise import broadcast_index
 from .registry import LowerCtx, lowering
@@ -85,57 +85,137 @@ def _all(conds):
     return out
 
 
-def pad_input(ctx: LowerCtx, x: Buffer, begin, end) -> tuple[Buffer, list[Stage]]:
-    """A zero-padded copy of ``x`` (spatial axes 2..): returns the buffer and its fill stage."""
-    if not any(begin) and not any(end):
-        return x, []
-    nsp = len(x.shape) - 2
-    shape = x.shape[:2] + tuple(x.shape[2 + i] + begin[i] + end[i] for i in range(nsp))
-    xp = ctx.temp(shape, x.dtype)
-
-    def body(n, c, *p):
-        src = [binary(B.SUB, p[i], begin[i]) for i in range(nsp)]
-        inside = _all([binary(B.AND, binary(B.GE, s, 0), binary(B.LT, s, x.shape[2 + i]))
-                       for i, s in enumerate(src) if begin[i] or end[i]])
-        return select(inside, x[(n, c, *src)], const(0, x.dtype))
-
-    return xp, [compute(xp, body)]
-
-
 # ---- convolution ------------------------------------------------------------------------------
+#
+# Both forms compute a flat output ``ext[n, m, p] = sum_r w[m, r] * src[n, g(m)*R + r, p + off(r)]``
+# whose operand ``src`` is contiguous along p, so the default schedule register-tiles it as a GEMM
+# (m rows, p columns) with vector loads:
+#   direct (all strides 1): src is the zero-padded input flattened with the padded row pitch;
+#     p = sum o_i * pitch_i walks the output over the padded grid (a few wasted columns per row)
+#     and a kernel tap is a constant offset; a last stage copies ext's valid columns out.
+#   im2col (any stride > 1): src[n, (c, k), p] holds the input pixel each tap reads for output p.
+# p is padded to whole vectors (VEC) so no scalar remainder tiles are left.
+
+VEC = 16
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _prod(xs) -> int:
+    out = 1
+    for v in xs:
+        out *= int(v)
+    return out
+
+
+def _pitches(dims) -> list[int]:
+    return [_prod(dims[i + 1:]) for i in range(len(dims))]
+
+
+def _unflatten(p, dims) -> list:
+    """Row-major coordinates of the flat index ``p`` over ``dims``."""
+    pitch = _pitches(dims)
+    return [binary(B.MOD, binary(B.FLOORDIV, p, pitch[i]), dims[i]) if i else
+            binary(B.FLOORDIV, p, pitch[i]) for i in range(len(dims))]
+
+
+def _inside(pos, dims):
+    return _all([binary(B.AND, binary(B.GE, q, 0), binary(B.LT, q, n)) for q, n in zip(pos, dims)])
+
 
 @lowering(ops.contraction.Conv)
 def lower_conv(ctx: LowerCtx):
     x, w = ctx.ins[:2]
     bias = ctx.ins[2] if len(ctx.ins) > 2 else None
     out = ctx.out
+    n, m = out.shape[:2]
+    cg, taps = w.shape[1], _prod(w.shape[2:])
+    mg = m // ctx.attr("group")
+    acc = compute_dtype(out.dtype)
+    direct = all(s == 1 for s in ctx.attr("strides"))
+    source = _conv_direct_source if direct else _conv_im2col_source
+    src, pitch, p_len, stages = source(ctx, x, w.shape[2:])
+    p_ext = _round_up(p_len, VEC)
+    in_place = p_ext == _prod(out.shape[2:]) and pitch == _pitches(out.shape[2:]) \
+        and acc is out.dtype
+    ext = view(ctx, out, (n, m, p_ext)) if in_place else ctx.temp((n, m, p_ext), acc)
+    w2 = view(ctx, w, (m, cg * taps))
+
+    def body(b, mm, p):
+        ((r, _),) = rv = reduce_vars([cg * taps], "r")
+        group = binary(B.FLOORDIV, mm, mg) if mg != m else Const(0, INDEX)
+        return Reduce(R.SUM, rv, cast(src(b, group, r, p), acc) * cast(w2[mm, r], acc), acc)
+
+    stages.append(compute(ext, body))
+    if in_place:
+        return stages + _finish(ext, ext, bias)
+
+    def copy(b, mm, *o):
+        val = ext[b, mm, sum((o[i] * pitch[i] for i in range(len(o))), Const(0, INDEX))]
+        if bias is not None:
+            val = val + cast(bias[mm], acc)
+        return cast(val, out.dtype)
+
+    return stages + [compute(out, copy)]
+
+
+def _conv_direct_source(ctx: LowerCtx, x: Buffer, kernel):
+    """Stride 1: the input zero-padded and flattened to (N, C, L) with the padded pitches; the
+    reduction index r = c * taps + t reads channel c at p + offset(t)."""
     nsp = len(x.shape) - 2
-    strides, dil, pads, g = ctx.attr("strides"), ctx.attr("dilations"), ctx.attr("pads"), ctx.attr("group")
-    kernel = w.shape[2:]
-    pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
-    if pointwise and nsp > 1:  # 1x1 conv: one flat spatial axis
-        flat = 1
-        for d in x.shape[2:]:
-            flat *= d
-        x = view(ctx, x, x.shape[:2] + (flat,))
-        w = view(ctx, w, w.shape[:2] + (1,))
-        out = view(ctx, out, out.shape[:2] + (flat,))
-        nsp, strides, dil, kernel = 1, (1,), (1,), (1,)
-    xp, stages = pad_input(ctx, x, pads[:nsp], pads[nsp:]) if not pointwise else (x, [])
-    acc_buf = _accumulator(ctx, out)
-    acc = acc_buf.dtype
-    cg, mg = w.shape[1], out.shape[1] // g
+    dil, pads = ctx.attr("dilations"), ctx.attr("pads")
+    sp, cg = x.shape[2:], x.shape[1] // ctx.attr("group")
+    padded = tuple(sp[i] + pads[i] + pads[nsp + i] for i in range(nsp))
+    pitch = _pitches(padded)
+    p_len = ctx.out.shape[2] * pitch[0]
+    reach = sum((kernel[i] - 1) * dil[i] * pitch[i] for i in range(nsp))
+    length = max(_prod(padded), _round_up(p_len, VEC) + reach)
+    taps = _prod(kernel)
+    if not any(pads) and length == _prod(sp):
+        flat, stages = view(ctx, x, x.shape[:2] + (length,)), []
+    else:
+        flat = ctx.temp(x.shape[:2] + (length,), x.dtype)
 
-    def body(n, m, *o):
-        rv = reduce_vars((cg,) + tuple(kernel), "r")
-        c, ks = rv[0][0], [v for v, _ in rv[1:]]
-        chan = c if g == 1 else binary(B.FLOORDIV, m, mg) * cg + c
-        pos = [o[i] * strides[i] + ks[i] * dil[i] for i in range(nsp)]
-        prod = cast(xp[(n, chan, *pos)], acc) * cast(w[(m, c, *ks)], acc)
-        return Reduce(R.SUM, rv, prod, acc)
+        def fill(b, ch, q):
+            pos = [binary(B.SUB, v, pads[i]) for i, v in enumerate(_unflatten(q, padded))]
+            ok = _all([binary(B.LT, q, _prod(padded)), _inside(pos, sp)])
+            return select(ok, x[(b, ch, *pos)], const(0, x.dtype))
 
-    stages.append(compute(acc_buf, body))
-    return stages + _finish(acc_buf, out, bias)
+        stages = [compute(flat, fill)]
+
+    def read(b, group, r, p):
+        if taps == 1:
+            return flat[b, group * cg + r, p]
+        ks = _unflatten(binary(B.MOD, r, taps), kernel)
+        off = sum((ks[i] * (dil[i] * pitch[i]) for i in range(nsp)), Const(0, INDEX))
+        return flat[b, group * cg + binary(B.FLOORDIV, r, taps), p + off]
+
+    return read, pitch, p_len, stages
+
+
+def _conv_im2col_source(ctx: LowerCtx, x: Buffer, kernel):
+    """Strided: cols[n, c * taps + t, p] = the padded input that tap t of output p reads."""
+    nsp = len(x.shape) - 2
+    s, dil, pads = ctx.attr("strides"), ctx.attr("dilations"), ctx.attr("pads")
+    sp, out_sp = x.shape[2:], ctx.out.shape[2:]
+    taps, cg = _prod(kernel), x.shape[1] // ctx.attr("group")
+    p_len = _prod(out_sp)
+    cols = ctx.temp((x.shape[0], x.shape[1] * taps, _round_up(p_len, VEC)), x.dtype)
+
+    def fill(b, q, p):
+        ch = binary(B.FLOORDIV, q, taps) if taps > 1 else q
+        ks = _unflatten(binary(B.MOD, q, taps), kernel) if taps > 1 else [0] * nsp
+        os_ = _unflatten(p, out_sp)
+        pos = [os_[i] * s[i] + ks[i] * dil[i] - pads[i] for i in range(nsp)]
+        ok = _all([binary(B.LT, p, p_len), _inside(pos, sp)])
+        return select(ok, x[(b, ch, *pos)], const(0, x.dtype))
+
+    def read(b, group, r, p):
+        return cols[b, group * (cg * taps) + r, p]
+
+    return read, _pitches(out_sp), p_len, [compute(cols, fill)]
 
 
 @lowering(ops.contraction.ConvTranspose)

@@ -1,0 +1,205 @@
+"""The Triton backend without a GPU: models compiled for GPU targets run their launch plan under
+TRITON_INTERPRET=1 through the GPU runtime (``InterpretDevice``) and are checked against ONNX
+Runtime; deviceless AOT compiles produce cubin/PTX (sm_80, sm_90) and hsaco (gfx942) binaries."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+pytest.importorskip("torch")  # the interpreter reads host memory through torch CPU tensors
+
+import deploy  # noqa: E402
+from deploy.backends.triton.interpret import InterpretDevice  # noqa: E402
+from deploy.errors import NotImplementedYetError  # noqa: E402
+from deploy.runtime.gpu import GpuModule  # noqa: E402
+from tests.util import TensorProto, helper, make_model, run_ort  # noqa: E402
+
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def interpreted(model, inputs, tmp_path, rtol=1e-4, atol=1e-5, target="h100"):
+    """Compile for ``target`` without binaries, run the plan interpreted, compare with ORT;
+    returns the artifact's manifest."""
+    art = deploy.compile(model, target=target, aot=False)
+    mod = GpuModule(art.save(tmp_path / "m.dpk"), device=InterpretDevice())
+    ours, ref = mod.run(inputs), run_ort(model, inputs)
+    for k, (a, b) in enumerate(zip(ours, ref)):
+        assert a.shape == b.shape and a.dtype == b.dtype, f"output {k}"
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"output {k}")
+    return art.manifest
+
+
+def templates(manifest) -> list[str]:
+    return [s["template"] for k in manifest["kernels"] for s in k["schedule"]]
+
+
+def test_elementwise_broadcast_chain(tmp_path):
+    nodes = [helper.make_node("Add", ["x", "b"], ["s"]), helper.make_node("Sigmoid", ["s"], ["g"]),
+             helper.make_node("Mul", ["g", "x"], ["y"]), helper.make_node("Tanh", ["y"], ["z"])]
+    model = make_model(nodes, [("x", np.float32, [3, 5, 7]), ("b", np.float32, [5, 1])],
+                       [("z", np.float32, [3, 5, 7])])
+    m = interpreted(model, {"x": rand(3, 5, 7), "b": rand(5, 1)}, tmp_path)
+    assert templates(m) == ["pointwise"]
+
+
+def test_integer_division_and_modulo_follow_onnx(tmp_path):
+    nodes = [helper.make_node("Div", ["a", "b"], ["q"]),
+             helper.make_node("Mod", ["a", "b"], ["r"])]
+    model = make_model(nodes, [("a", np.int32, [40]), ("b", np.int32, [40])],
+                       [("q", np.int32, [40]), ("r", np.int32, [40])])
+    a = RNG.integers(-50, 50, 40).astype(np.int32)
+    b = RNG.choice([-7, -3, 2, 5], 40).astype(np.int32)
+    interpreted(model, {"a": a, "b": b}, tmp_path)
+
+
+def test_reductions_sum_max_argmax(tmp_path):
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+             helper.make_node("ReduceMax", ["x"], ["m"], axes=[0, 2], keepdims=1),
+             helper.make_node("ArgMax", ["x"], ["i"], axis=1, keepdims=0)]
+    model = make_model(nodes, [("x", np.float32, [4, 37, 6])],
+                       [("s", np.float32, [4, 6]), ("m", np.float32, [1, 37, 1]),
+                        ("i", np.int64, [4, 6])],
+                       initializers={"axes": np.array([1], np.int64)}, opset=17)
+    m = interpreted(model, {"x": rand(4, 37, 6)}, tmp_path)
+    assert set(templates(m)) == {"reduction"}
+
+
+def test_softmax_multi_stage(tmp_path):
+    model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+                       [("x", np.float32, [6, 50])], [("y", np.float32, [6, 50])])
+    interpreted(model, {"x": 3 * rand(6, 50)}, tmp_path)
+
+
+def test_matmul_bias_relu_is_one_gemm_with_fused_epilogue(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [40, 70])], [("y", np.float32, [40, 50])],
+                       initializers={"w": rand(70, 50), "b": rand(50)})
+    m = interpreted(model, {"x": rand(40, 70)}, tmp_path)
+    assert templates(m) == ["gemm"]  # bias and ReLU applied at the GEMM's store
+
+
+def test_batched_matmul_gemm(tmp_path):
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])],
+                       [("a", np.float32, [2, 20, 33]), ("b", np.float32, [2, 33, 17])],
+                       [("y", np.float32, [2, 20, 17])])
+    m = interpreted(model, {"a": rand(2, 20, 33), "b": rand(2, 33, 17)}, tmp_path)
+    assert templates(m) == ["gemm"]
+
+
+def test_fp16_matmul_dots_in_half(tmp_path):
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])],
+                       [("a", np.float16, [32, 48]), ("b", np.float16, [48, 24])],
+                       [("y", np.float16, [32, 24])])
+    m = interpreted(model, {"a": rand(32, 48, dtype=np.float16), "b": rand(48, 24, dtype=np.float16)},
+                    tmp_path, rtol=2e-3, atol=2e-3)
+    assert [s.get("half") for k in m["kernels"] for s in k["schedule"]] == [True]
+
+
+def test_conv_padding_stride_bias_relu_implicit_gemm(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [2, 3, 9, 8])], [("y", np.float32, [2, 16, 5, 8])],
+                       initializers={"w": rand(16, 3, 3, 3), "b": rand(16)})
+    m = interpreted(model, {"x": rand(2, 3, 9, 8)}, tmp_path)
+    assert templates(m) == ["gemm"]
+
+
+def test_depthwise_conv_and_pool(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], group=4),
+             helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    model = make_model(nodes, [("x", np.float32, [1, 4, 6, 6])], [("y", np.float32, [1, 4, 3, 3])],
+                       initializers={"w": rand(4, 1, 3, 3)})
+    interpreted(model, {"x": rand(1, 4, 6, 6)}, tmp_path)
+
+
+def test_scatter_stage_runs_serially(tmp_path):
+    model = make_model([helper.make_node("CumSum", ["x", "ax"], ["y"])],
+                       [("x", np.float32, [3, 9])], [("y", np.float32, [3, 9])],
+                       initializers={"ax": np.array(1, np.int64)})
+    m = interpreted(model, {"x": rand(3, 9)}, tmp_path)
+    assert "serial" in templates(m)
+
+
+def test_gather_and_where_guarded_loads(tmp_path):
+    nodes = [helper.make_node("Gather", ["x", "idx"], ["g"], axis=1),
+             helper.make_node("Greater", ["g", "zero"], ["c"]),
+             helper.make_node("Where", ["c", "g", "zero"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [3, 10]), ("idx", np.int64, [4])],
+                       [("y", np.float32, [3, 4])], initializers={"zero": np.zeros(1, np.float32)})
+    interpreted(model, {"x": rand(3, 10), "idx": np.array([9, -1, 0, 4], np.int64)}, tmp_path)
+
+
+def test_cnn_example_end_to_end(tmp_path):
+    import onnx
+    model = onnx.load(str(__import__("pathlib").Path(deploy.__file__).parent / "examples" / "cnn.onnx"))
+    name = model.graph.input[0].name
+    shape = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
+    interpreted(model, {name: rand(*shape)}, tmp_path)
+
+
+# ---- ahead-of-time compiles (no GPU needed) --------------------------------------------------
+
+def _mlp():
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
+    return make_model(nodes, [("x", np.float32, [16, 32])], [("y", np.float32, [16, 16])],
+                      initializers={"w": rand(32, 16), "b": rand(16)})
+
+
+@pytest.mark.parametrize("target,kinds,magic", [
+    ("h100", {"cubin", "ptx"}, b"\x7fELF"),
+    ("mi300x", {"hsaco"}, b"\x7fELF"),
+])
+def test_aot_compile_produces_binaries(target, kinds, magic):
+    art = deploy.compile(_mlp(), target=target)
+    bins = art.manifest["binaries"]
+    assert {b["kind"] for b in bins} == kinds
+    for b in bins:
+        data = art.members[b["name"]]
+        assert b["bytes"] == len(data) > 0 and b["arch"] == art.manifest["target"]["arch"]
+        if b["kind"] != "ptx":
+            assert data.startswith(magic)
+        else:
+            assert b".entry" in data and b".target sm_90" in data
+    launch = art.manifest["gpu"]["kernels"]["k0"]["launches"][0]
+    assert launch["template"] == "gemm" and launch["params"] >= len(launch["args"])
+    assert launch["block"][0] == launch["num_warps"] * art.manifest["target"]["warp_size"]
+    assert art.manifest["library"] is None
+
+
+def test_cli_compile_a100_and_inspect(tmp_path, capsys):
+    from deploy.cli import main
+    src = tmp_path / "mlp.onnx"
+    src.write_bytes(_mlp().SerializeToString())
+    out = tmp_path / "mlp.dpk"
+    assert main(["compile", str(src), "--target", "a100", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = {b["name"] for b in report["binaries"]}
+    assert {"gpu/k0_s0.cubin", "gpu/k0_s0.ptx", "gpu/kernels.py"} <= names
+
+
+def test_gpu_targets_refuse_host_ops_and_tuning():
+    model = make_model([helper.make_node("NonZero", ["x"], ["y"])], [("x", np.float32, [4])],
+                       [("y", np.int64, [1, None])])
+    with pytest.raises(NotImplementedYetError, match="host ops"):
+        deploy.compile(model, target="h100", aot=False)
+    with pytest.raises(NotImplementedYetError, match="tuning GPU kernels"):
+        deploy.compile(_mlp(), target="h100", tune="quick")
+
+
+def test_generated_source_runs_on_its_own(tmp_path):
+    """gpu/kernels.py is a plain module: importable without deploy (repro of a kernel bug)."""
+    art = deploy.compile(_mlp(), target="h100", aot=False)
+    src = art.members["gpu/kernels.py"].decode()
+    assert "deploy" not in src.split('"""')[2]  # no import of the compiler
+    compile(src, "kernels.py", "exec")
+    assert TensorProto is not None
