@@ -476,14 +476,19 @@ def _ort_run_cached(path: str, inputs: dict) -> list[np.ndarray]:
 
 
 def errors(ours: list[np.ndarray], ref: list[np.ndarray]) -> dict:
-    """Max abs error, max rel error (|d| / max(|ref|, 1e-6) over elements), and whether it passes
-    rtol 1e-3 / atol 1e-4 (numpy.allclose semantics)."""
-    abs_err = max(float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(ours, ref))
-    rel_err = max(float((np.abs(a.astype(np.float64) - b) / np.maximum(np.abs(b), 1e-6)).max())
-                  for a, b in zip(ours, ref))
-    ok = all(a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=1e-4)
-             for a, b in zip(ours, ref))
-    return {"max_abs_err": abs_err, "max_rel_err": rel_err, "allclose_1e-3_1e-4": ok}
+    """Max abs error, max elementwise rel error (|d| / |ref|, over |ref| >= 1e-3), max abs error
+    over max |ref|, non-finite counts, and whether rtol 1e-3 / atol 1e-4 holds (numpy.allclose)."""
+    d = [np.abs(a.astype(np.float64) - b) for a, b in zip(ours, ref)]
+    big = [np.abs(b) >= 1e-3 for b in ref]
+    return {"max_abs_err": max(float(x.max()) for x in d),
+            "max_rel_err": max(float((x[m] / np.abs(b[m])).max(initial=0.0))
+                               for x, b, m in zip(d, ref, big)),
+            "max_abs_over_max_ref": max(float(x.max() / max(np.abs(b).max(), 1e-30))
+                                        for x, b in zip(d, ref)),
+            "nonfinite_ours": int(sum((~np.isfinite(a)).sum() for a in ours)),
+            "nonfinite_ort": int(sum((~np.isfinite(b)).sum() for b in ref)),
+            "allclose_1e-3_1e-4": all(a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=1e-4)
+                                      for a, b in zip(ours, ref))}
 
 
 # ----------------------------------------------------------------------------- CLI

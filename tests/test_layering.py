@@ -32,9 +32,8 @@ FORBIDDEN = {
 # the runtime imports only these (plus the standard library); "cuda" is NVIDIA's cuda-python
 # driver binding, which DESIGN section 2 allows for the GPU runtime
 RUNTIME_ALLOWED = ("numpy", "cuda", "deploy.runtime", "deploy.errors")
-# Known exceptions, each with its reason. dynamo.py is the torch.compile backend: a driver of the
-# whole compile like onnx_backend.py (it would sit better at the top level, as torch_backend.py).
-EXCEPTIONS = {("deploy.frontends.torch.dynamo", "deploy.compiler")}
+# Known exceptions (module, import), each with its reason; none today.
+EXCEPTIONS: set = set()
 # graph_ir reaches into the runtime only for the numpy functions of host ops (written once)
 GRAPH_IR_RUNTIME_ALLOWED = ("deploy.runtime.host_ops",)
 

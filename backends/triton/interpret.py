@@ -83,13 +83,29 @@ def interpreted_stdlib():
             obj = getattr(tl, name)
             if isinstance(obj, JITFunction):
                 _STDLIB[name] = (obj, InterpretedFunction(obj.fn))
+    # the interpreter patches triton.language on every device-function call and restores it
+    # only for kernels (triton 3.9): put back everything it touched, or later AOT compiles in
+    # this process break
+    owners = [tl, tl.core, tl.math, tl.standard, tl.tensor, tl.dtype, tl.core.condition,
+              tl.core.tensor_descriptor_base]
+    saved = [(o, dict(vars(o))) for o in owners]
     for name, (_, interp) in _STDLIB.items():
         setattr(tl, name, interp)
     try:
         yield
     finally:
-        for name, (orig, _) in _STDLIB.items():
-            setattr(tl, name, orig)
+        for owner, before in saved:
+            _restore(owner, before)
+
+
+def _restore(owner, before: dict) -> None:
+    now = vars(owner)
+    for name, value in before.items():
+        if now.get(name, _MISSING) is not value:
+            setattr(owner, name, value)
+
+
+_MISSING = object()
 
 
 class InterpretDevice:

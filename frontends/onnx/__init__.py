@@ -7,6 +7,7 @@ from . import (  # noqa: F401  (imports register the converters)
     convert_nn,
     convert_quant,
     convert_reduction,
+    convert_rnn,
 )
 from .importer import import_onnx, list_ops, load_model, unsupported_nodes
 from .registry import CONVERTERS, NeedsConstant, OnnxCtx, converter

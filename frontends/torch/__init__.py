@@ -4,8 +4,8 @@
     graph, report = import_torch(exported_program)            # or a .pt2 path
     graph, report = import_torch(module, example_inputs=(x,), dynamic_shapes={"x": {0: batch}})
 
-Importing this package registers the conversion table and the ``torch.compile`` backend
-``"deploy"``. torch is imported only here: ``import deploy`` never needs it.
+Importing this package registers the conversion table; the ``torch.compile`` backend
+``"deploy"`` lives in ``deploy.torch_backend`` (it drives the whole compiler). torch is imported only here: ``import deploy`` never needs it.
 """
 from . import (  # noqa: F401  (imports register the converters)
     convert_elementwise,
@@ -14,7 +14,6 @@ from . import (  # noqa: F401  (imports register the converters)
     convert_nn,
     convert_reduction,
 )
-from .dynamo import deploy_backend, register
 from .importer import (
     KEEP,
     UnsupportedAtenOpsError,
@@ -26,7 +25,6 @@ from .importer import (
 )
 from .registry import ATEN, TorchCtx, aten, missing_core_ops, op_name
 
-register()
 
 
 def supported_aten_ops() -> list[str]:
@@ -36,5 +34,5 @@ def supported_aten_ops() -> list[str]:
 
 
 __all__ = ["ATEN", "KEEP", "TorchCtx", "UnsupportedAtenOpsError", "aten", "decompose",
-           "deploy_backend", "import_torch", "list_ops", "load_program", "register",
+           "import_torch", "list_ops", "load_program", "register",
            "supported_aten_ops", "unsupported_ops"]

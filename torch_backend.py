@@ -1,5 +1,9 @@
 """``torch.compile(model, backend="deploy")``: compile each captured FX graph with deploy.
 
+A driver of the whole compiler (like ``onnx_backend.py``), so it sits at the package top level.
+Importing it (or installing the package, through the ``torch_dynamo_backends`` entry point)
+registers the backend.
+
 Dynamo hands the backend one FX graph per captured region with example inputs. The graph is
 re-exported to ATen with ``torch.export`` and compiled for the host (shapes specialized to the
 example inputs; a call with other shapes compiles again, cached per input signature). A graph that
@@ -13,7 +17,7 @@ import logging
 import numpy as np
 import torch
 
-from ...errors import DeployError, UnsupportedOpsError
+from .errors import DeployError, UnsupportedOpsError
 
 log = logging.getLogger("deploy.torch")
 
@@ -30,7 +34,7 @@ class DeployCompiled:
         self.cache: dict[tuple, object] = {}
 
     def compile_for(self, args):
-        from ...compiler import compile as deploy_compile
+        from .compiler import compile as deploy_compile
         ep = torch.export.export(self.gm, tuple(args), strict=False)
         art = deploy_compile(ep, target=self.target, **self.options)
         out_node = next(n for n in ep.graph.nodes if n.op == "output")
@@ -104,3 +108,6 @@ def register() -> None:
     if "deploy" in _COMPILER_FNS or isinstance(_BACKENDS.get("deploy"), EntryPoint):
         return
     register_backend(deploy_backend, name="deploy")
+
+
+register()
