@@ -21,7 +21,7 @@ from .backends.c.toolchain import build_shared_library
 from .errors import DeployError, NotImplementedYetError, TargetError, UnsupportedOpsError
 from .graph_ir.graph import Graph, Node, Value
 from .graph_ir.ops import Kind
-from .graph_ir.ops import movement
+from .graph_ir.ops import movement, signal
 from .graph_ir.passes import run_pipeline
 from .graph_ir.printer import print_graph
 from .runtime.artifact import array_bytes, write_artifact
@@ -33,7 +33,7 @@ from .tensor_ir.memory import MemoryPlan, plan_memory
 from .tensor_ir.lower import LOWERINGS, lower_node
 from .tensor_ir.schedule import default_schedule
 
-VIEW_OPS = {movement.Reshape}
+VIEW_OPS = {movement.Reshape, signal.BitCast}  # same bytes, another shape or dtype
 
 
 @dataclass

@@ -18,7 +18,7 @@ import threading
 
 import numpy as np
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, DeployError
 from .artifact import read_artifact
 from .dtypes import storage_dtype, user_dtype
 from .specs import TensorSpec, validate_inputs
@@ -59,6 +59,7 @@ class GpuModule:
             self.device.upload(self.ptr[int(k)], np.ascontiguousarray(contents.array(name)))
         self._launches = self._prepare()
         self._graph = None
+        self.graph_error = ""  # why the plan is not replayed as a CUDA graph, if it is not
         self._runs = 0
         self._use_graph = os.environ.get("DEPLOY_CUDA_GRAPH", "1") != "0"
         self._lock = threading.Lock()
@@ -167,7 +168,11 @@ class GpuModule:
             dev.launch(launch)
         self._runs += 1
         if self._runs == 1 and self._use_graph and self._launches:
-            self._graph = dev.capture(lambda: [dev.launch(x) for x in self._launches])
+            try:
+                self._graph = dev.capture(lambda: [dev.launch(x) for x in self._launches])
+            except (DeployError, AttributeError) as e:  # no graphs here: launch one by one
+                self._use_graph = False
+                self.graph_error = str(e)
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.input_specs))

@@ -107,7 +107,7 @@ class Module:
             self._fns[step["symbol"]](ptrs)
         elif kind == "view":
             dtype, shape = self.values[step["outputs"][0]]
-            env[step["outputs"][0]] = env[step["inputs"][0]].reshape(shape)
+            env[step["outputs"][0]] = env[step["inputs"][0]].view(dtype).reshape(shape)
         elif kind == "host":
             ins = [None if v is None else env[v] for v in step["inputs"]]
             outs = HOST_OPS[step["op"]](ins, step.get("attrs", {}))

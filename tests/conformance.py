@@ -423,11 +423,24 @@ def run_isolated(cases: list[Case], backends=BACKENDS, jobs: int | None = None,
     return results
 
 
+PRELOAD = ("numpy", "onnx", "onnxruntime", "deploy.onnx_backend", "deploy.compiler",
+           "deploy.frontends.onnx", "deploy.tests.conformance")
+
+
 def _context():
+    """The fork server starts from a clean interpreter with PRELOAD imported once; a module
+    that fails to import here (a broken working tree) is left to fail in each case instead
+    of killing the server."""
+    import importlib
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["numpy", "onnx", "onnxruntime", "deploy.onnx_backend",
-                                "deploy.compiler", "deploy.frontends.onnx",
-                                "deploy.tests.conformance"])
+    ok = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+            ok.append(name)
+        except Exception:  # noqa: BLE001, S112 - reported per case
+            continue
+    ctx.set_forkserver_preload(ok)
     return ctx
 
 
@@ -436,7 +449,11 @@ def _start(ctx, case: Case, backend: str, root: str) -> _Running:
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(case, backend, send, workdir), daemon=True)
     with _hidden_main():
-        proc.start()
+        try:
+            proc.start()
+        except (EOFError, OSError):  # the fork server died: start a fresh one, once
+            proc = ctx.Process(target=_child, args=(case, backend, send, workdir), daemon=True)
+            proc.start()
     send.close()
     return _Running(case, backend, proc, recv, workdir, time.monotonic())
 
@@ -530,7 +547,7 @@ def _log_tail(workdir: str) -> str:
 # ----------------------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    from .conformance_report import read_xfail, write_json, write_report, write_xfail
+    from .conformance_report import prune_xfail, read_xfail, write_json, write_report, write_xfail
     args = _parser().parse_args(argv)
     cases = _select(args)
     backends = ("deploy",) if args.no_ort else BACKENDS
@@ -551,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, results, command, wall)
     if args.write_xfail:
         write_xfail(args.write_xfail, results)
+    if args.prune_xfail:
+        for name in prune_xfail(XFAIL_FILE, results):
+            print(f"passes now, removed from {XFAIL_FILE}: {name}")
     xfail = read_xfail(XFAIL_FILE) if args.check_xfail else {}
     return _exit_code(results, xfail) if args.check_xfail else 0
 
@@ -570,6 +590,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="write the markdown report here (and JSON beside --json)")
     p.add_argument("--json", help=f"per-case JSON results (default with --report: {REPORT_JSON})")
     p.add_argument("--write-xfail", metavar="PATH", help="write deploy's failures as an xfail list")
+    p.add_argument("--prune-xfail", action="store_true",
+                   help="remove the cases that passed from tests/conformance_xfail.txt")
     p.add_argument("--check-xfail", action="store_true",
                    help="exit 1 if a case fails that is not in tests/conformance_xfail.txt")
     p.add_argument("--quiet", action="store_true", help="no line per case")

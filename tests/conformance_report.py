@@ -60,18 +60,23 @@ def read_json(path: str) -> dict:
 
 # ----------------------------------------------------------------------------- xfail list
 
+XFAIL_HEADER = """\
+# ONNX backend-test cases that deploy fails today: name, then the reason.
+# The CI fast tier (tests/test_conformance.py) marks the ones it runs as strict xfail,
+# so a case that starts passing fails the tier until it is removed here.
+# Drop the cases that pass now (after adding ops):
+#   python -m deploy.tests.conformance --fast --no-ort --prune-xfail
+# Regenerate from a full run:
+#   python -m deploy.tests.conformance --full --no-ort --write-xfail tests/conformance_xfail.txt
+"""
+
 def write_xfail(path: str, results: list[Result]) -> None:
     """deploy's failing cases, one ``name  status: reason`` per line, sorted by name."""
     rows = sorted((r.case, _reason(r)) for r in results
                   if r.backend == "deploy" and r.status != "pass")
     width = max((len(n) for n, _ in rows), default=0)
     with open(path, "w") as f:
-        f.write("# ONNX backend-test cases that deploy fails today: name, then the reason.\n"
-                "# The CI fast tier (tests/test_conformance.py) marks the ones it runs as strict\n"
-                "# xfail, so a case that starts passing fails the tier until it is removed here.\n"
-                "# Regenerate from a full run:\n"
-                "#   python -m deploy.tests.conformance --full --no-ort "
-                "--write-xfail tests/conformance_xfail.txt\n")
+        f.write(XFAIL_HEADER)
         f.writelines(f"{name.ljust(width)}  {reason}\n" for name, reason in rows)
 
 
@@ -80,6 +85,18 @@ def _reason(r: Result) -> str:
         return f"unsupported-op: {', '.join(r.missing)}"
     detail = re.sub(r"\s+", " ", r.detail)[:110]
     return f"{r.status}: {detail}"
+
+
+def prune_xfail(path: str, results: list[Result]) -> list[str]:
+    """Drop from the xfail list the cases deploy passed in ``results`` (any subset run);
+    returns their names."""
+    passed = {r.case for r in results if r.backend == "deploy" and r.status == "pass"}
+    removed = sorted(passed & set(read_xfail(path)))
+    with open(path) as f:
+        lines = f.read().splitlines(keepends=True)
+    with open(path, "w") as f:
+        f.writelines(ln for ln in lines if ln.split(" ")[0].strip() not in removed)
+    return removed
 
 
 def read_xfail(path: str) -> dict[str, str]:
@@ -160,11 +177,18 @@ def _classes_table(results: list[Result]) -> str:
 
 def _ort_versions(results: list[Result]) -> str:
     ort = sorted(r.case for r in results if r.backend == "ort" and r.status == "ir/opset-version")
-    if not ort:
+    binding = sum(r.backend == "ort" and "MLDataType" in r.detail for r in results)
+    if not ort and not binding:
         return ""
-    return (f"## ONNX Runtime failures from IR / opset versions\n\n{len(ort)} cases are stamped "
-            f"with an IR or opset version newer than this ONNX Runtime accepts:\n"
-            + ", ".join(f"`{n}`" for n in ort))
+    text = (f"## ONNX Runtime failures from IR / opset versions\n\n{len(ort)} cases are "
+            f"stamped with an IR version newer than this ONNX Runtime reads, an opset it calls "
+            f"\"under development\", or (the opset < 7 PyTorch exports) op versions it has no "
+            f"kernels for:\n" + ", ".join(f"`{n}`" for n in ort))
+    if binding:
+        text += (f"\n\nAnother {binding} ORT runtime-errors come from its Python binding, which "
+                 f"cannot take numpy arrays of the float8/float4/int4/int2 dtypes "
+                 f"(`Numpy_type N can't be converted to MLDataType`), not from wrong results.")
+    return text
 
 
 def _unsupported_table(results: list[Result]) -> str:
@@ -238,5 +262,7 @@ def _howto() -> str:
             "python -m pytest -q tests/test_conformance.py                          # CI fast tier\n"
             "python -m deploy.tests.conformance --full --no-ort "
             "--write-xfail tests/conformance_xfail.txt\n"
+            "python -m deploy.tests.conformance --fast --no-ort --prune-xfail     "
+            "# drop fixed cases\n"
             "```\n\n"
             "See `tests/conformance.py` for the options (jobs, timeouts, sampling).")

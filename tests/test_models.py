@@ -8,9 +8,9 @@ Slow tier (``-m slow``): the full architectures. Both need torch, transformers a
 import numpy as np
 import onnx
 import pytest
+from deploy.bench import models
 from onnx import helper, numpy_helper
 
-from deploy.bench import models
 from tests.util import check_against_ort, run_ort
 
 RTOL, ATOL = 1e-3, 1e-4

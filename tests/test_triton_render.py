@@ -11,11 +11,12 @@ import pytest
 pytest.importorskip("triton")
 pytest.importorskip("torch")  # the interpreter reads host memory through torch CPU tensors
 
-import deploy  # noqa: E402
-from deploy.backends.triton.interpret import InterpretDevice  # noqa: E402
-from deploy.errors import NotImplementedYetError  # noqa: E402
-from deploy.runtime.gpu import GpuModule  # noqa: E402
-from tests.util import helper, make_model, run_ort  # noqa: E402
+import deploy
+from deploy.backends.triton.interpret import InterpretDevice
+from deploy.errors import NotImplementedYetError
+from deploy.runtime.gpu import GpuModule
+
+from tests.util import helper, make_model, run_ort
 
 RNG = np.random.default_rng(7)
 
@@ -143,6 +144,90 @@ def test_cnn_example_end_to_end(tmp_path):
     name = model.graph.input[0].name
     shape = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
     interpreted(model, {name: rand(*shape)}, tmp_path)
+
+
+# ---- kernels built by hand (templates the ONNX tests rarely reach) ---------------------------
+
+def run_kernel(kernel, arrays: dict) -> dict:
+    """Render ``kernel``, run each function interpreted on torch CPU tensors; all buffers out."""
+    import torch
+
+    from deploy.backends.triton.fuse import fuse_stages
+    from deploy.backends.triton.interpret import interpreted_stdlib, load_interpreted
+    from deploy.backends.triton.render import TritonRenderer
+    kernel = fuse_stages(kernel)
+    fns = TritonRenderer().kernel(kernel)
+    module = load_interpreted(TritonRenderer.module(fns))
+    bufs = {b.name: torch.from_numpy(np.ascontiguousarray(arrays[b.name])) for b in kernel.inputs}
+    for b in (*kernel.outputs, *kernel.temps):
+        bufs[b.name] = torch.zeros(b.shape, dtype=getattr(torch, b.dtype.np.name))
+    for f in fns:
+        with interpreted_stdlib():
+            getattr(module, f.name)[f.grid](*[bufs[a] for a in f.args], **f.constexprs)
+    return {k: v.numpy() for k, v in bufs.items()}
+
+
+def test_dependent_nested_reduction_and_prod_argmin():
+    from deploy.graph_ir.types import DType
+    from deploy.tensor_ir.expr import R, Reduce
+    from deploy.tensor_ir.kernel import Buffer, Kernel, compute, reduce_vars
+    x = Buffer("x", (5, 6, 7), DType.float32)
+    s_out = Buffer("s", (5,), DType.float32)
+    p_out = Buffer("p", (5, 7), DType.float32)
+    a_out = Buffer("a", (5,), DType.int64)
+
+    def sum_of_max(i):  # sum_r max_s x[i, r, s]: the inner reduction depends on r
+        ((r, _),) = rv = reduce_vars([6])
+        ((t, _),) = tv = reduce_vars([7])
+        return Reduce(R.SUM, rv, Reduce(R.MAX, tv, x[i, r, t], DType.float32), DType.float32)
+
+    def prod(i, j):
+        ((r, _),) = rv = reduce_vars([6])
+        return Reduce(R.PROD, rv, x[i, r, j], DType.float32)
+
+    def argmin(i):
+        ((r, _),) = rv = reduce_vars([42])
+        return Reduce(R.ARGMIN, rv, x[i, r // 7, r % 7], DType.int64)
+
+    k = Kernel("k", [x], [s_out, p_out, a_out], [],
+               [compute(s_out, sum_of_max), compute(p_out, prod), compute(a_out, argmin)])
+    xv = RNG.standard_normal((5, 6, 7)).astype(np.float32)
+    out = run_kernel(k, {"x": xv})
+    np.testing.assert_allclose(out["s"], xv.max(2).sum(1), rtol=1e-5)
+    np.testing.assert_allclose(out["p"], xv.prod(1), rtol=1e-5)
+    np.testing.assert_array_equal(out["a"], xv.reshape(5, 42).argmin(1))
+
+
+class RecordingDevice(InterpretDevice):
+    """Captures "graphs" as the list of launches and replays them, as CUDA graphs do."""
+
+    def capture(self, body):
+        recorded = []
+        self.launch = recorded.append  # instance attribute: shadows the method while capturing
+        try:
+            body()
+        finally:
+            del self.launch
+        return recorded
+
+    def replay(self, graph):
+        for x in graph:
+            self.launch(x)
+
+
+def test_graph_replay_reuses_the_prepared_plan(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [16, 24])], [("y", np.float32, [16, 20])],
+                       initializers={"w": rand(24, 20)})
+    art = deploy.compile(model, target="h100", aot=False)
+    dev = RecordingDevice()
+    mod = GpuModule(art.save(tmp_path / "m.dpk"), device=dev)
+    for k in range(3):  # run 0 launches and captures, runs 1 and 2 replay
+        x = rand(16, 24)
+        np.testing.assert_allclose(mod.run({"x": x})[0], run_ort(model, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-5)
+        assert mod._graph is not None
+    assert dev.launches == 3 * len(mod._launches)
 
 
 # ---- ahead-of-time compiles (no GPU needed) --------------------------------------------------

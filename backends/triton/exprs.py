@@ -19,7 +19,19 @@ from dataclasses import dataclass
 
 from ...graph_ir.types import DType
 from ...tensor_ir.expr import (
-    INDEX, B, Binary, Cast, Const, Expr, Load, Reduce, Select, U, Unary, Var, walk,
+    INDEX,
+    B,
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    Load,
+    Reduce,
+    Select,
+    U,
+    Unary,
+    Var,
+    walk,
 )
 
 TL_TYPE = {
@@ -94,7 +106,7 @@ def literal(value, dtype: DType) -> str:
         return f"tl.full([], {int(bool(value))}, tl.int1)"
     if dtype.is_float:
         v = float(value)
-        text = "float('nan')" if v != v else "float('inf')" if v == math.inf else \
+        text = "float('nan')" if math.isnan(v) else "float('inf')" if v == math.inf else \
             "float('-inf')" if v == -math.inf else repr(v)
         return f"tl.full([], {text}, {tl_type(compute_dtype(dtype))})"
     return f"tl.full([], {int(value)}, {tl_type(dtype)})"

@@ -20,7 +20,18 @@ from dataclasses import dataclass, field
 
 from ...graph_ir.types import DType
 from ...tensor_ir.expr import (
-    B, Binary, Cast, Expr, Load, R, Reduce, Select, Var, children, transform, walk,
+    B,
+    Binary,
+    Cast,
+    Expr,
+    Load,
+    R,
+    Reduce,
+    Select,
+    Var,
+    children,
+    transform,
+    walk,
 )
 from ...tensor_ir.kernel import Kernel, Stage
 from .config import GemmConfig, LaunchConfig, gemm_config, pointwise_config, reduction_config
@@ -191,7 +202,7 @@ class StageRenderer:
     def _reduce_blocked(self, red: Reduce, guard: str | None, hoisted: dict) -> str:
         em = self.em
         rn = _reduce_extent(red)
-        acc_t = compute_dtype(red.body.dtype)
+        acc_t = _acc_dtype(red)
         arg = red.op in (R.ARGMAX, R.ARGMIN)
         acc = em.fresh("acc")
         shape = "[XBLOCK, RBLOCK]"
@@ -201,19 +212,20 @@ class StageRenderer:
         else:
             em.emit(f"{acc} = tl.full({shape}, {_init(red.op, acc_t)}, {tl_type(acc_t)})")
         em.open(f"for {acc}_r0 in range(0, {rn}, RBLOCK):")
-        ridx = em.let(f"{acc}_r0 + tl.arange(0, RBLOCK)[None, :]", "r")
+        cast = ".to(tl.int64)" if self.wide else ""
+        ridx = em.let(f"({acc}_r0 + tl.arange(0, RBLOCK)[None, :]){cast}", "r")
         rg = em.let(f"({ridx} < {rn})" if guard is None else f"{guard} & ({ridx} < {rn})", "g")
         em.decompose(ridx, [v for v, _ in red.vars], [e for _, e in red.vars])
         for r, name in hoisted.items():
             em.memo((r, rg), name)
-        v = em.expr(red.body, rg)
+        v = _as_acc(em.expr(red.body, rg), red)
         if arg:
             cmp = ">" if red.op is R.ARGMAX else "<"
             take = em.let(f"{rg} & (({acc}_i == {rn}) | ({v} {cmp} {acc}))", "g")
             em.emit(f"{acc} = tl.where({take}, {v}, {acc})")
             em.emit(f"{acc}_i = tl.where({take}, {ridx}, {acc}_i)")
         else:
-            init = _init(red.op, acc_t)
+            init = _typed(_init(red.op, acc_t), acc_t)
             em.emit(f"{acc} = {_combine(red.op, acc_t, acc, f'tl.where({rg}, {v}, {init})')}")
         em.close()
         if arg:
@@ -234,27 +246,26 @@ class StageRenderer:
     def _reduce_serial(self, red: Reduce, guard: str | None) -> str:
         em = self.em
         rn = _reduce_extent(red)
-        acc_t = compute_dtype(red.body.dtype)
+        acc_t = _acc_dtype(red)
         arg = red.op in (R.ARGMAX, R.ARGMIN)
         acc = em.fresh("acc")
         init = "0" if arg else _init(red.op, acc_t)
         em.emit(f"{acc} = tl.full({self.xshape}, {init}, {tl_type(acc_t)})")
         if arg:
             em.emit(f"{acc}_i = tl.full({self.xshape}, {rn}, tl.int32)")
-        blocked, self.blocked = self.blocked, False  # reductions inside run serially too
         em.open(f"for {acc}_r in range(0, {rn}):")
         em.decompose(f"{acc}_r", [v for v, _ in red.vars], [e for _, e in red.vars], block=False)
-        v = em.expr(red.body, guard)
-        ok = "True" if guard is None else guard
+        v = _as_acc(em.expr(red.body, guard), red)
         if arg:
             cmp = ">" if red.op is R.ARGMAX else "<"
-            take = em.let(f"({ok}) & (({acc}_i == {rn}) | ({v} {cmp} {acc}))", "g")
+            better = f"(({acc}_i == {rn}) | ({v} {cmp} {acc}))"
+            take = em.let(better if guard is None else f"{guard} & {better}", "g")
             em.emit(f"{acc} = tl.where({take}, {v}, {acc})")
             em.emit(f"{acc}_i = tl.where({take}, {acc}_r, {acc}_i)")
         else:
-            em.emit(f"{acc} = {_combine(red.op, acc_t, acc, f'tl.where({ok}, {v}, {init})')}")
+            masked = v if guard is None else f"tl.where({guard}, {v}, {_typed(init, acc_t)})"
+            em.emit(f"{acc} = {_combine(red.op, acc_t, acc, masked)}")
         em.close()
-        self.blocked = blocked
         if arg:
             return em.let(f"tl.where({acc}_i == {rn}, 0, {acc}_i).to(tl.int64)", "red")
         return self._cast_result(acc, acc_t, red.dtype)
@@ -294,7 +305,7 @@ class StageRenderer:
         em.param(st.out)
         pm, pn = -(-c.m // cfg.bm), -(-c.n // cfg.bn)
         tiles = pm * pn
-        em.emit("pid = tl.program_id(0)")
+        em.emit("pid = tl.program_id(0)" + (".to(tl.int64)" if self.wide else ""))
         em.emit(f"po = pid // {tiles}")
         em.emit(f"t = pid % {tiles}")
         # grouped order: GROUP_M row tiles share each column tile while it is in L2
@@ -312,9 +323,10 @@ class StageRenderer:
         em.emit("acc = tl.zeros([BM, BN], tl.float32)")
         rvars, rext = [v for v, _ in c.red.vars], [e for _, e in c.red.vars]
         em.open(f"for k0 in range(0, {c.k}, BK):")
-        a = self._operand(c.a, "ka", "k0 + tl.arange(0, BK)[None, :]", f"(mi < {c.m})",
+        cast = ".to(tl.int64)" if self.wide else ""
+        a = self._operand(c.a, "ka", f"(k0 + tl.arange(0, BK)[None, :]){cast}", f"(mi < {c.m})",
                           rvars, rext, c, "[BM, BK]")
-        b = self._operand(c.b, "kb", "k0 + tl.arange(0, BK)[:, None]", f"(nj < {c.n})",
+        b = self._operand(c.b, "kb", f"(k0 + tl.arange(0, BK)[:, None]){cast}", f"(nj < {c.n})",
                           rvars, rext, c, "[BK, BN]")
         mode = "tf32" if self.parent.allow_tf32 else "ieee"
         precision = "" if c.half else f", input_precision='{mode}'"
@@ -413,9 +425,9 @@ def _is_serial(st: Stage, refs: dict[str, BufRef]) -> bool:
     mine = refs[st.out].param
     same = tuple(st.extents) == refs[st.out].shape
     for x in walk(st.body):
-        if isinstance(x, Load) and refs[x.buf].param == mine:
-            if not (same and x.buf == st.out and _identity(x.index, st.vars, st.extents)):
-                return True  # reads its own output at another point: order matters
+        if isinstance(x, Load) and refs[x.buf].param == mine and \
+                not (same and x.buf == st.out and _identity(x.index, st.vars, st.extents)):
+            return True  # reads its own output at another point: order matters
     return False
 
 
@@ -454,6 +466,20 @@ def _under_select(red: Reduce) -> bool:
         return any(isinstance(x, Reduce) for x in walk(e))
     return any(isinstance(x, Select) and (has_red(x.a) or has_red(x.b) or has_red(x.cond))
                for x in walk(red.body))
+
+
+def _acc_dtype(red: Reduce) -> DType:
+    """Accumulator type: the body's compute type (bool reductions count in int8)."""
+    dtype = compute_dtype(red.body.dtype)
+    return DType.int8 if dtype is DType.bool and red.op not in (R.ARGMAX, R.ARGMIN) else dtype
+
+
+def _as_acc(value: str, red: Reduce) -> str:
+    return f"{value}.to(tl.int8)" if _acc_dtype(red) is not compute_dtype(red.body.dtype) else value
+
+
+def _typed(value: str, dtype: DType) -> str:
+    return f"tl.full([], {value}, {tl_type(dtype)})"
 
 
 def _init(op: R, dtype: DType) -> str:

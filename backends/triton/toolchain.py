@@ -85,7 +85,7 @@ def compile_functions(functions: list[TritonFunction], source: str, tgt) -> dict
             try:
                 c = triton.compile(src, target=target,
                                    options={"num_warps": f.num_warps, "num_stages": f.num_stages})
-            except Exception as e:  # noqa: BLE001  (triton raises many types)
+            except Exception as e:  # triton raises many types
                 raise CompileError(f"triton could not compile {f.name} ({f.template} template) "
                                    f"for {tgt.name}: {type(e).__name__}: {e}\n"
                                    f"--- source ---\n{f.source}") from e
@@ -109,7 +109,7 @@ def _binary(c, f: TritonFunction, backend: str) -> Binary:
 
 def ptx_param_count(ptx: str, name: str) -> int:
     """Parameters of ``.entry name(...)`` in PTX text."""
-    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
+    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.DOTALL)
     if m is None:
         raise CompileError(f"PTX of {name} has no .entry {name}")
     return len(re.findall(r"\.param\b", m.group(1)))

@@ -1,13 +1,17 @@
 """ONNX frontend: importer and the per-family conversion tables."""
 from . import (  # noqa: F401  (imports register the converters)
+    convert_attention,
     convert_control,
     convert_elementwise,
+    convert_loss,
     convert_misc,
     convert_movement,
     convert_nn,
     convert_quant,
     convert_reduction,
+    convert_sampling,
     convert_rnn,
+    convert_signal,
 )
 from .importer import import_onnx, list_ops, load_model, unsupported_nodes
 from .registry import CONVERTERS, NeedsConstant, OnnxCtx, converter

@@ -178,7 +178,8 @@ def _direction(cx, node, d: int, ins: dict, fns, masks, reverse: bool):
     order = range(T - 1, -1, -1) if reverse else range(T)
     ys = [None] * T
     for t in order:
-        xw_t = reshape_to(cx, slice_of(cx, xw, [t], [t + 1], [0], [1], node.name), (B, gates * hidden))
+        xw_t = slice_of(cx, xw, [t], [t + 1], [0], [1], node.name)
+        xw_t = reshape_to(cx, xw_t, (B, gates * hidden))
         h_new, c_new = STEPS[kind](s, fns, xw_t, rt, h, c, extra)
         ys[t] = s.out(t, h_new)
         h = s.keep(t, h_new, h)
@@ -233,7 +234,8 @@ def _masks(cx, node, lens: Value | None, T: int):
             return None
     col = reshape_to(cx, lens, (lens.shape[0], 1))
     g = Alg(cx, node)
-    return [g.less(cx.b.const(np.asarray(t, lens.dtype.np), "t", lens.dtype), col) for t in range(T)]
+    step = lambda t: cx.b.const(np.asarray(t, lens.dtype.np), "t", lens.dtype)
+    return [g.less(step(t), col) for t in range(T)]
 
 
 def _reverse_sequences(cx, v: Value, lens: Value) -> Value:
@@ -298,7 +300,7 @@ def _reverse_steps(cx, ys: list, lens: Value) -> list:
 def _outputs(cx, node, ys, hs, cs, layout: int) -> list:
     """Y [T, D, B, H] (layout 1: [B, T, D, H]), Y_h and Y_c [D, B, H] (layout 1: [B, D, H])."""
     want = [bool(n) for n in node.output] + [False] * 3
-    (B, H), D, T = hs[0].shape, len(hs), len(ys[0])
+    (B, H), D = hs[0].shape, len(hs)
     outs = []
     if want[0]:
         per_dir = [cx.b.op(mv.Concat, *[reshape_to(cx, y, (1, 1, B, H)) for y in yd], axis=0)

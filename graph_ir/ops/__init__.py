@@ -7,6 +7,8 @@ from . import (  # noqa: F401  (imports register the ops)
     movement,
     nn,
     reduction,
+    sampling,
+    signal,
 )
 from .registry import OPS, REQUIRED, Kind, OpDef, define, get, register
 

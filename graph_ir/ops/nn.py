@@ -369,3 +369,93 @@ Resample = define(
     doc="Separable resampling: inputs x, then per resized axis an int64 index table and a float "
         "weight table, both (out_extent, taps); an index of -1 in column 0 marks a point outside "
         "the crop region (its output is extrapolation_value). Tables come from resize_table.")
+
+
+# ---- grid sampling --------------------------------------------------------------------------------
+
+CUBIC_A = -0.75
+
+
+def grid_bounds(n: int, align_corners: bool) -> tuple[float, float]:
+    return (0.0, n - 1.0) if align_corners else (-0.5, n - 0.5)
+
+
+def reflect(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Fold coordinates into [lo, hi] by mirroring at the borders (repeatedly)."""
+    span = hi - lo
+    below, above = lo - x, x - hi
+    with np.errstate(all="ignore"):
+        d = np.where(x < lo, below, above)
+        k = np.floor(d / span)
+        r = d - k * span
+        even = np.fmod(k, 2) == 0
+        folded = np.where(x < lo, np.where(even, lo + r, hi - r), np.where(even, hi - r, lo + r))
+    return np.where((x < lo) | (x > hi), folded, x)
+
+
+def cubic_weights(t: np.ndarray) -> list[np.ndarray]:
+    a = CUBIC_A
+    return [((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+            ((a + 2) * t - (a + 3)) * t * t + 1,
+            ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+            ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a]
+
+
+def _grid_shape(ins, attrs):
+    x, g = ins[0].shape, ins[1].shape
+    if len(g) != len(x) or g[-1] != len(x) - 2:
+        raise ValueError(f"GridSample: grid {g} does not match input {x} (expected (N, *out, "
+                         f"{len(x) - 2}))")
+    return [tuple(x[:2]) + tuple(g[1:-1])]
+
+
+def _grid_ref(ins, attrs):
+    x, grid = ins
+    nsp = x.ndim - 2
+    mode, pad, align = attrs["mode"], attrs["padding_mode"], bool(attrs["align_corners"])
+    cdt = np.float64 if x.dtype == np.float64 else np.float32
+    coords = []
+    for i in range(nsp):
+        n = x.shape[2 + i]
+        g = grid[..., nsp - 1 - i].astype(cdt)
+        c = (g + 1) / 2 * (n - 1) if align else ((g + 1) * n - 1) / 2
+        if mode == "nearest":
+            c = np.rint(c)
+        lo, hi = grid_bounds(n, align)
+        if pad == "border":
+            c = np.where((c < lo) | (c > hi), np.clip(c, 0, n - 1), c)
+        elif pad == "reflection":
+            c = reflect(c, lo, hi)
+        coords.append(c.astype(cdt))
+    taps = {"nearest": 1, "linear": 2, "cubic": 4}[mode]
+    out = np.zeros(x.shape[:2] + grid.shape[1:-1], cdt)
+    for combo in itertools.product(range(taps), repeat=nsp):
+        weight = np.ones(grid.shape[:-1], cdt)
+        idx, ok = [], np.ones(grid.shape[:-1], bool)
+        for i, t in enumerate(combo):
+            n = x.shape[2 + i]
+            base = np.floor(coords[i]) if mode != "nearest" else coords[i]
+            frac = coords[i] - base
+            if mode == "linear":
+                weight = weight * (1 - frac if t == 0 else frac)
+            elif mode == "cubic":
+                weight = weight * cubic_weights(frac)[t]
+            j = base + t - (1 if mode == "cubic" else 0)
+            if pad == "reflection":
+                j = reflect(j, *grid_bounds(n, align))
+            j = j.astype(np.int64)
+            if pad == "zeros":
+                ok = ok & (j >= 0) & (j < n)
+            idx.append(np.clip(j, 0, n - 1))
+        nn_ = np.arange(x.shape[0]).reshape((-1,) + (1,) * nsp)
+        vals = x[(nn_[:, None], np.arange(x.shape[1]).reshape((1, -1) + (1,) * nsp))
+                 + tuple(j[:, None] for j in idx)]
+        out += np.where(ok[:, None], vals, 0) * weight[:, None]
+    return [out.astype(x.dtype)]
+
+
+GridSample = define("GridSample", Kind.OPAQUE, _grid_shape, same_dtype(), _grid_ref,
+                    mode="linear", padding_mode="zeros", align_corners=0,
+                    doc="Samples x (N, C, *in) at grid (N, *out, nsp) normalized coordinates "
+                        "(last axis reversed: x, y[, z]); nearest / linear / cubic (A=-0.75); "
+                        "zeros / border / reflection padding.")

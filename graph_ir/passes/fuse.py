@@ -1,13 +1,18 @@
 """Fusion: partition the graph into groups, each becoming one ``Fused`` node (one kernel).
 
 Rules (greedy, in topological order; a node joins the group of one of its producers when allowed):
-  light  = elementwise / movement ops (Reshape stays a free view and is never fused)
+  light  = elementwise / movement ops
   - a light node joins any light group (elementwise chains, broadcast and transpose as indexing);
   - a light elementwise node joins a contraction or reduction group as its epilogue when its
     output has the group's output shape (bias, activation, residual add, scaling);
   - a reduction joins a light group as its prologue (x*x before a sum, exp before a sum);
+  - a contraction joins a group of pure movement ops (slice, reshape, transpose of its operands)
+    as its prologue; sibling movement-only groups feeding it merge in too;
   - Softmax joins a contraction group (QK^T -> scale -> mask -> softmax), and then a MatMul
-    joins that group: the attention pattern as one unit.
+    joins that group: the attention pattern as one unit, which then takes movement epilogues
+    (the transpose and reshape back to [batch, seq, hidden]);
+  - a Reshape never starts a group (alone it is a free view); it joins its producer's group as
+    indexing.
 No group may depend on itself through outside nodes (checked), so the groups form a DAG.
 Before: ``Conv -> Mul -> Add -> Relu``  After: ``Fused[contraction](Conv, Mul, Add, Relu)``.
 """
@@ -29,6 +34,11 @@ class Group:
     deps: set = field(default_factory=set)  # groups this one depends on (transitively)
     out_shape: tuple = ()
 
+    @property
+    def movement_only(self) -> bool:
+        return self.pattern == "elementwise" and all(n.op.kind is Kind.MOVEMENT
+                                                     for n in self.nodes)
+
 
 def _is_view(n: Node) -> bool:
     return n.op.name == "Reshape"
@@ -41,8 +51,14 @@ def _fusible(n: Node) -> bool:
 def _pattern_after_join(g: Group, n: Node) -> str | None:
     """The group's pattern if ``n`` joins it, or None if the rules forbid it."""
     kind, shape = n.op.kind, tuple(n.outputs[0].shape)
-    if g.pattern in ("opaque", "attention"):
-        return None  # closed groups
+    if g.pattern == "opaque":
+        return None
+    if _is_view(n):
+        return g.pattern  # a reshape is indexing inside any kernel
+    if g.pattern == "attention":  # closed, but for the movement back to the model's layout
+        return g.pattern if kind is Kind.MOVEMENT else None
+    if kind is Kind.CONTRACTION and g.movement_only:
+        return "contraction"  # operands sliced / reshaped / transposed as indexing
     if kind in LIGHT:
         if g.pattern == "elementwise":
             return g.pattern
@@ -72,7 +88,7 @@ def partition(g: Graph) -> list[Group]:
     for n in g.nodes:
         in_groups = [producer_group[v] for v in n.inputs if v is not None and v in producer_group]
         target = None
-        if _fusible(n):
+        if _fusible(n) or _is_view(n):
             for cand in dict.fromkeys(in_groups):
                 pattern = _pattern_after_join(cand, n)
                 if pattern is None or any(cand in other.deps for other in in_groups
@@ -84,9 +100,9 @@ def partition(g: Graph) -> list[Group]:
         if target is None:
             target = Group(pattern=_initial_pattern(n))
             groups.append(target)
-        elif target.pattern == "elementwise":
+        elif target.pattern == "elementwise" or n.op.kind is Kind.CONTRACTION:
             for other in dict.fromkeys(in_groups):
-                if _can_merge(target, other):
+                if _can_merge(target, other, n):
                     _merge(target, other, groups, producer_group, order)
         target.nodes.append(n)
         target.out_shape = tuple(n.outputs[0].shape) if n.outputs else ()
@@ -95,12 +111,34 @@ def partition(g: Graph) -> list[Group]:
                 target.deps |= other.deps | {other}
         for v in n.outputs:
             producer_group[v] = target
+    _peel_trailing_views(groups, producer_group)
     return _toposort(groups, producer_group)
 
 
-def _can_merge(a: Group, b: Group) -> bool:
-    # two independent elementwise groups feeding one node become one (x*0.5 and erf(x/s2))
-    return (a is not b and b.pattern == "elementwise" and a not in b.deps and b not in a.deps)
+def _peel_trailing_views(groups: list[Group], producer_group: dict) -> None:
+    """A Reshape that ends a group (nothing in the group reads it) goes back to being a free
+    view between kernels instead of a copy at the kernel's end."""
+    for gr in list(groups):
+        while len(gr.nodes) > 1:
+            read = {v for n in gr.nodes for v in n.inputs}
+            tail = [n for n in gr.nodes if _is_view(n) and n.outputs[0] not in read]
+            if not tail:
+                break
+            for n in tail:
+                gr.nodes.remove(n)
+                alone = Group(nodes=[n], pattern="opaque")
+                groups.append(alone)
+                producer_group[n.outputs[0]] = alone
+
+
+def _can_merge(a: Group, b: Group, n: Node) -> bool:
+    # two independent elementwise groups feeding one node become one (x*0.5 and erf(x/s2));
+    # a contraction takes every movement-only group of its operands (K^T and V reshaped)
+    if a is b or a in b.deps or b in a.deps:
+        return False
+    if n.op.kind is Kind.CONTRACTION:
+        return b.movement_only
+    return b.pattern == "elementwise"
 
 
 def _merge(into: Group, other: Group, groups: list[Group], producer_group: dict,

@@ -127,54 +127,32 @@ def _inside(pos, dims):
 
 @lowering(ops.contraction.Conv)
 def lower_conv(ctx: LowerCtx):
+    if all(s == 1 for s in ctx.attr("strides")):
+        return _conv_direct(ctx)
+    return _conv_im2col(ctx)
+
+
+def _conv_direct(ctx: LowerCtx):
+    """Stride 1: ext[n, m, p] = sum_{c, t} flat[n, c, p + offset(t)] * w[m, c, t] over the input
+    zero-padded and flattened with its padded pitches; p = sum o_i * pitch_i."""
     x, w = ctx.ins[:2]
     bias = ctx.ins[2] if len(ctx.ins) > 2 else None
     out = ctx.out
     n, m = out.shape[:2]
-    cg, taps = w.shape[1], _prod(w.shape[2:])
-    mg = m // ctx.attr("group")
-    acc = compute_dtype(out.dtype)
-    direct = all(s == 1 for s in ctx.attr("strides"))
-    source = _conv_direct_source if direct else _conv_im2col_source
-    src, pitch, p_len, stages = source(ctx, x, w.shape[2:])
-    p_ext = _round_up(p_len, VEC)
-    in_place = p_ext == _prod(out.shape[2:]) and pitch == _pitches(out.shape[2:]) \
-        and acc is out.dtype
-    ext = view(ctx, out, (n, m, p_ext)) if in_place else ctx.temp((n, m, p_ext), acc)
-    w2 = view(ctx, w, (m, cg * taps))
-
-    def body(b, mm, p):
-        ((r, _),) = rv = reduce_vars([cg * taps], "r")
-        group = binary(B.FLOORDIV, mm, mg) if mg != m else Const(0, INDEX)
-        return Reduce(R.SUM, rv, cast(src(b, group, r, p), acc) * cast(w2[mm, r], acc), acc)
-
-    stages.append(compute(ext, body))
-    if in_place:
-        return stages + _finish(ext, ext, bias)
-
-    def copy(b, mm, *o):
-        val = ext[b, mm, sum((o[i] * pitch[i] for i in range(len(o))), Const(0, INDEX))]
-        if bias is not None:
-            val = val + cast(bias[mm], acc)
-        return cast(val, out.dtype)
-
-    return stages + [compute(out, copy)]
-
-
-def _conv_direct_source(ctx: LowerCtx, x: Buffer, kernel):
-    """Stride 1: the input zero-padded and flattened to (N, C, L) with the padded pitches; the
-    reduction index r = c * taps + t reads channel c at p + offset(t)."""
     nsp = len(x.shape) - 2
     dil, pads = ctx.attr("dilations"), ctx.attr("pads")
-    sp, cg = x.shape[2:], x.shape[1] // ctx.attr("group")
+    kernel, cg = w.shape[2:], w.shape[1]
+    mg = m // ctx.attr("group")
+    sp = x.shape[2:]
     padded = tuple(sp[i] + pads[i] + pads[nsp + i] for i in range(nsp))
     pitch = _pitches(padded)
-    p_len = ctx.out.shape[2] * pitch[0]
+    p_ext = _round_up(out.shape[2] * pitch[0], VEC)
     reach = sum((kernel[i] - 1) * dil[i] * pitch[i] for i in range(nsp))
-    length = max(_prod(padded), _round_up(p_len, VEC) + reach)
-    taps = _prod(kernel)
+    length = max(_prod(padded), p_ext + reach)
+    acc = compute_dtype(out.dtype)
+    stages = []
     if not any(pads) and length == _prod(sp):
-        flat, stages = view(ctx, x, x.shape[:2] + (length,)), []
+        flat = view(ctx, x, x.shape[:2] + (length,))
     else:
         flat = ctx.temp(x.shape[:2] + (length,), x.dtype)
 
@@ -183,39 +161,75 @@ def _conv_direct_source(ctx: LowerCtx, x: Buffer, kernel):
             ok = _all([binary(B.LT, q, _prod(padded)), _inside(pos, sp)])
             return select(ok, x[(b, ch, *pos)], const(0, x.dtype))
 
-        stages = [compute(flat, fill)]
+        stages.append(compute(flat, fill))
+    in_place = p_ext == _prod(out.shape[2:]) and pitch == _pitches(out.shape[2:]) \
+        and acc is out.dtype
+    ext = view(ctx, out, (n, m, p_ext)) if in_place else ctx.temp((n, m, p_ext), acc)
 
-    def read(b, group, r, p):
-        if taps == 1:
-            return flat[b, group * cg + r, p]
-        ks = _unflatten(binary(B.MOD, r, taps), kernel)
-        off = sum((ks[i] * (dil[i] * pitch[i]) for i in range(nsp)), Const(0, INDEX))
-        return flat[b, group * cg + binary(B.FLOORDIV, r, taps), p + off]
+    def body(b, mm, p):
+        rv = reduce_vars((cg,) + tuple(kernel), "r")
+        c, ks = rv[0][0], [v for v, _ in rv[1:]]
+        chan = c if mg == m else binary(B.FLOORDIV, mm, mg) * cg + c
+        off = sum((k * (dil[i] * pitch[i]) for i, k in enumerate(ks)), Const(0, INDEX))
+        prod = cast(flat[b, chan, p + off], acc) * cast(w[(mm, c, *ks)], acc)
+        return Reduce(R.SUM, rv, prod, acc)
 
-    return read, pitch, p_len, stages
+    stages.append(compute(ext, body))
+    if in_place:
+        return stages + _finish(ext, ext, bias)
+    return stages + [_copy_out(ext, out, bias, lambda o: [sum(
+        (o[i] * pitch[i] for i in range(nsp)), Const(0, INDEX))])]
 
 
-def _conv_im2col_source(ctx: LowerCtx, x: Buffer, kernel):
-    """Strided: cols[n, c * taps + t, p] = the padded input that tap t of output p reads."""
+def _conv_im2col(ctx: LowerCtx):
+    """Strided: cols[n, c, k..., o...] = the padded input pixel tap k of output o reads, then
+    ext[n, m, o...] = sum_{c, k} cols[n, c, k, o] * w[m, c, k]; the last output axis is padded
+    to whole vectors, and no index is divided."""
+    x, w = ctx.ins[:2]
+    bias = ctx.ins[2] if len(ctx.ins) > 2 else None
+    out = ctx.out
+    n, m = out.shape[:2]
     nsp = len(x.shape) - 2
     s, dil, pads = ctx.attr("strides"), ctx.attr("dilations"), ctx.attr("pads")
-    sp, out_sp = x.shape[2:], ctx.out.shape[2:]
-    taps, cg = _prod(kernel), x.shape[1] // ctx.attr("group")
-    p_len = _prod(out_sp)
-    cols = ctx.temp((x.shape[0], x.shape[1] * taps, _round_up(p_len, VEC)), x.dtype)
+    kernel, cg = w.shape[2:], w.shape[1]
+    mg = m // ctx.attr("group")
+    sp, out_sp = x.shape[2:], out.shape[2:]
+    o_pad = out_sp[:-1] + (_round_up(out_sp[-1], VEC),)
+    acc = compute_dtype(out.dtype)
+    cols = ctx.temp((n, x.shape[1]) + tuple(kernel) + o_pad, x.dtype)
 
-    def fill(b, q, p):
-        ch = binary(B.FLOORDIV, q, taps) if taps > 1 else q
-        ks = _unflatten(binary(B.MOD, q, taps), kernel) if taps > 1 else [0] * nsp
-        os_ = _unflatten(p, out_sp)
+    def fill(b, ch, *ko):
+        ks, os_ = ko[:nsp], ko[nsp:]
         pos = [os_[i] * s[i] + ks[i] * dil[i] - pads[i] for i in range(nsp)]
-        ok = _all([binary(B.LT, p, p_len), _inside(pos, sp)])
-        return select(ok, x[(b, ch, *pos)], const(0, x.dtype))
+        conds = [_inside(pos, sp)]
+        if o_pad[-1] != out_sp[-1]:
+            conds.append(binary(B.LT, os_[-1], out_sp[-1]))
+        return select(_all(conds), x[(b, ch, *pos)], const(0, x.dtype))
 
-    def read(b, group, r, p):
-        return cols[b, group * (cg * taps) + r, p]
+    in_place = o_pad == out_sp and acc is out.dtype
+    ext = out if in_place else ctx.temp((n, m) + o_pad, acc)
 
-    return read, _pitches(out_sp), p_len, [compute(cols, fill)]
+    def body(b, mm, *o):
+        rv = reduce_vars((cg,) + tuple(kernel), "r")
+        c, ks = rv[0][0], [v for v, _ in rv[1:]]
+        chan = c if mg == m else binary(B.FLOORDIV, mm, mg) * cg + c
+        prod = cast(cols[(b, chan, *ks, *o)], acc) * cast(w[(mm, c, *ks)], acc)
+        return Reduce(R.SUM, rv, prod, acc)
+
+    stages = [compute(cols, fill), compute(ext, body)]
+    if in_place:
+        return stages + _finish(ext, ext, bias)
+    return stages + [_copy_out(ext, out, bias, lambda o: list(o))]
+
+
+def _copy_out(ext: Buffer, out: Buffer, bias: Buffer | None, index) -> Stage:
+    """out[n, m, o...] = ext[n, m, index(o)...] (+ bias[m]), rounded to the output dtype."""
+    def copy(b, mm, *o):
+        val = ext[(b, mm, *index(o))]
+        if bias is not None:
+            val = val + cast(bias[mm], ext.dtype)
+        return cast(val, out.dtype)
+    return compute(out, copy)
 
 
 @lowering(ops.contraction.ConvTranspose)

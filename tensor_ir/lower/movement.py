@@ -279,3 +279,42 @@ def _flat(index, shape) -> Expr:
     for i, n in zip(index, shape):
         flat = flat * n + i
     return flat
+
+
+def reshape_index(src: tuple[int, ...], dst: tuple[int, ...], out_vars) -> tuple[Expr, ...]:
+    """Index into ``src`` of the element at ``out_vars`` of its row-major reshape to ``dst``.
+
+    The shapes are cut into blocks of equal element count ([B, S, 768] and [B, S, 12, 64] give
+    (B)(S)(768 | 12, 64)); only inside a block are indices flattened and split again."""
+    index: list[Expr] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        bi, bj, ni, nj = i, j, 1, 1
+        while True:  # grow the block until both sides cover the same element count
+            if ni <= nj and i < len(src):
+                ni *= src[i]
+                i += 1
+            elif j < len(dst):
+                nj *= dst[j]
+                j += 1
+            else:
+                break
+            if ni == nj and (i == len(src) or src[i] != 1 or j == len(dst)):
+                break
+        flat: Expr = const(0, INDEX)
+        for k in range(bj, j):
+            flat = flat * dst[k] + out_vars[k]
+        for k in range(bi, i):
+            inner = 1
+            for d in src[k + 1:i]:
+                inner *= d
+            index.append(binary(B.MOD, binary(B.FLOORDIV, flat, inner), src[k]) if k > bi
+                         else binary(B.FLOORDIV, flat, inner))
+    return tuple(index)
+
+
+@lowering(mv.Reshape)
+def lower_reshape(ctx: LowerCtx):
+    # Alone, a Reshape is a free view (no kernel); inside a fused kernel it is indexing.
+    x = ctx.ins[0]
+    return [compute(ctx.out, lambda *v: x[reshape_index(x.shape, ctx.out.shape, v)])]

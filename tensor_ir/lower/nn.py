@@ -317,3 +317,94 @@ def _saturate(e: Expr, dtype) -> Expr:
     lo, hi = const(float(info.min), e.dtype), const(float(info.max), e.dtype)
     return binary(B.MIN, binary(B.MAX, e, lo), hi)
 
+
+
+# ---- grid sampling ----------------------------------------------------------------------------
+
+def _reflect(x: Expr, lo: float, hi: float) -> Expr:
+    """Fold x into [lo, hi] by mirroring at the borders (see ops.nn.reflect)."""
+    dt = x.dtype
+    lo_c, hi_c, span = const(lo, dt), const(hi, dt), const(hi - lo, dt)
+    below = binary(B.LT, x, lo_c)
+    d = select(below, lo_c - x, x - hi_c)
+    k = unary(U.FLOOR, binary(B.DIV, d, span))
+    r = d - k * span
+    even = binary(B.EQ, binary(B.FMOD, k, const(2, dt)), const(0, dt))
+    folded = select(below, select(even, lo_c + r, hi_c - r), select(even, hi_c - r, lo_c + r))
+    outside = binary(B.OR, below, binary(B.GT, x, hi_c))
+    return select(outside, folded, x)
+
+
+def _cubic_weight(t: Expr, tap: Expr) -> Expr:
+    a = ops.nn.CUBIC_A
+    dt = t.dtype
+    c = lambda v: const(v, dt)  # noqa: E731
+    one, t1, t2 = c(1.0), t + c(1.0), c(2.0) - t
+    u = one - t
+    w = [((c(a) * t1 - c(5 * a)) * t1 + c(8 * a)) * t1 - c(4 * a),
+         ((c(a + 2) * t - c(a + 3)) * t) * t + one,
+         ((c(a + 2) * u - c(a + 3)) * u) * u + one,
+         ((c(a) * t2 - c(5 * a)) * t2 + c(8 * a)) * t2 - c(4 * a)]
+    return select(binary(B.EQ, tap, 0), w[0], select(binary(B.EQ, tap, 1), w[1],
+                                                     select(binary(B.EQ, tap, 2), w[2], w[3])))
+
+
+@lowering(ops.nn.GridSample)
+def lower_grid_sample(ctx: LowerCtx):
+    x, grid = ctx.ins
+    out = ctx.out
+    nsp = len(x.shape) - 2
+    mode, pad, align = ctx.attr("mode"), ctx.attr("padding_mode"), bool(ctx.attr("align_corners"))
+    cdt = DType.float64 if x.dtype is DType.float64 else DType.float32
+    stages, coords = [], []
+    for i in range(nsp):  # per axis: the source coordinate of every output point
+        n = x.shape[2 + i]
+        lo, hi = ops.nn.grid_bounds(n, align)
+        buf = ctx.temp((grid.shape[0],) + grid.shape[1:-1], cdt)
+
+        def coord(*v, i=i, n=n, lo=lo, hi=hi):
+            g = cast(grid[(*v, nsp - 1 - i)], cdt)
+            c = ((g + const(1, cdt)) * const(0.5 * (n - 1), cdt) if align
+                 else ((g + const(1, cdt)) * const(float(n), cdt) - const(1, cdt)) * const(0.5, cdt))
+            if mode == "nearest":
+                c = unary(U.ROUND, c)
+            if pad == "border":
+                c = select(binary(B.OR, binary(B.LT, c, const(lo, cdt)), binary(B.GT, c, const(hi, cdt))),
+                           binary(B.MIN, binary(B.MAX, c, const(0, cdt)), const(n - 1, cdt)), c)
+            elif pad == "reflection":
+                c = _reflect(c, lo, hi)
+            return c
+
+        stages.append(compute(buf, coord))
+        coords.append(buf)
+    taps = {"nearest": 1, "linear": 2, "cubic": 4}[mode]
+
+    def body(b, ch, *o):
+        rv = reduce_vars([taps] * nsp, "g") if taps > 1 else ()
+        weight, idx, valid = None, [], []
+        for i in range(nsp):
+            n = x.shape[2 + i]
+            c = coords[i][(b, *o)]
+            base = c if mode == "nearest" else unary(U.FLOOR, c)
+            tap = rv[i][0] if rv else None
+            j = base if tap is None else base + cast(tap, cdt) - const(1 if mode == "cubic" else 0, cdt)
+            if mode != "nearest":
+                frac = c - base
+                w = (select(binary(B.EQ, tap, 0), const(1, cdt) - frac, frac) if mode == "linear"
+                     else _cubic_weight(frac, tap))
+                weight = w if weight is None else weight * w
+            if pad == "reflection":
+                j = _reflect(j, *ops.nn.grid_bounds(n, align))
+            ji = cast(j, INDEX)
+            if pad == "zeros":
+                valid.append(binary(B.AND, binary(B.GE, ji, 0), binary(B.LT, ji, n)))
+            idx.append(binary(B.MIN, binary(B.MAX, ji, 0), n - 1))
+        val = cast(x[(b, ch, *idx)], cdt)
+        if valid:
+            val = select(_all(valid), val, const(0, cdt))
+        if weight is not None:
+            val = val * weight
+        return cast(Reduce(R.SUM, rv, val, cdt) if rv else val, out.dtype)
+
+    stages.append(compute(out, body))
+    return stages

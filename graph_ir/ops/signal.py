@@ -1,0 +1,46 @@
+"""Op table: cumulative products and bit reinterpretation (the ops the signal/extra ONNX
+converters cannot express with the other families).
+
+``CumProd`` mirrors ``CumSum`` (a serial scan per line along ``axis``, optionally exclusive and/or
+reversed). ``BitCast`` reinterprets each element's bits as another type of the same width
+(little endian, as ONNX specifies), never converting values.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..types import DType
+from .registry import REQUIRED, Kind, define, norm_axis, same_dtype
+
+
+def _cumprod_ref(ins, attrs):
+    x = ins[0]
+    axis = norm_axis(attrs["axis"], x.ndim)
+    y = np.flip(x, axis) if attrs["reverse"] else x
+    out = np.cumprod(y, axis=axis, dtype=x.dtype)
+    if attrs["exclusive"]:  # shift by one along the axis, the first entry 1
+        ones = np.ones_like(np.take(out, [0], axis=axis))
+        out = np.concatenate([ones, np.delete(out, -1, axis=axis)], axis=axis)
+    if attrs["reverse"]:
+        out = np.flip(out, axis)
+    return [np.ascontiguousarray(out, dtype=x.dtype)]
+
+
+CumProd = define("CumProd", Kind.OPAQUE, lambda ins, a: [ins[0].shape], same_dtype(), _cumprod_ref,
+                 axis=REQUIRED, exclusive=0, reverse=0,
+                 doc="Prefix products along ``axis`` (a serial scan per line).")
+
+
+def _bitcast_dtype(ins, attrs):
+    src, to = ins[0].dtype, attrs["to"]
+    if src.np.itemsize != to.np.itemsize or DType.string in (src, to):
+        raise ValueError(f"BitCast: {src.name} ({src.np.itemsize} bytes) cannot be reinterpreted "
+                         f"as {to.name} ({to.np.itemsize} bytes); the widths must match")
+    return [to]
+
+
+BitCast = define("BitCast", Kind.OPAQUE, lambda ins, a: [ins[0].shape], _bitcast_dtype,
+                 lambda ins, a: [np.ascontiguousarray(ins[0]).view(a["to"].np)], to=REQUIRED,
+                 doc="The same bytes read as dtype ``to`` (same width).")
+
+__all__ = ["BitCast", "CumProd"]

@@ -1,0 +1,169 @@
+"""The GPU runtime on a real NVIDIA GPU (marked ``gpu``; skipped where libcuda is missing).
+
+    python -m pytest -q -m gpu tests/test_gpu_runtime.py
+
+Models are compiled here for ``h100`` (deviceless AOT with the installed triton) and run through
+``deploy.load`` -> ``GpuModule`` (cubins through the CUDA driver API, ctypes), then compared with
+ONNX Runtime. ``DEPLOY_GPU_TARGET`` picks another target (e.g. ``a100`` to exercise the PTX path).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.util import helper, make_model, run_ort
+
+pytestmark = pytest.mark.gpu
+TARGET = os.environ.get("DEPLOY_GPU_TARGET", "h100")
+RNG = np.random.default_rng(3)
+
+
+def rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def compiled(model, tmp_path, target=TARGET, **options):
+    pytest.importorskip("triton")
+    import deploy
+    path = deploy.compile(model, target=target, **options).save(tmp_path / "m.dpk")
+    return path, deploy.load(path)
+
+
+def check(mod, model, inputs, rtol=1e-4, atol=1e-5):
+    ours, ref = mod.run(inputs), run_ort(model, inputs)
+    for k, (a, b) in enumerate(zip(ours, ref)):
+        assert a.shape == b.shape and a.dtype == b.dtype, f"output {k}"
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"output {k}")
+
+
+def mlp(batch=32):
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["o"]),
+             helper.make_node("Add", ["o", "b2"], ["y"])]
+    inits = {"w1": rand(64, 128) * 0.1, "b1": rand(128), "w2": rand(128, 10) * 0.1, "b2": rand(10)}
+    return make_model(nodes, [("x", np.float32, [batch, 64])], [("y", np.float32, [batch, 10])],
+                      initializers=inits)
+
+
+def cnn(batch=2):
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "s", "t", "mu", "var"], ["n1"]),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["logits"], transB=1),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=-1),
+    ]
+    inits = {"w1": rand(16, 3, 3, 3) * 0.3, "b1": rand(16), "s": 1 + 0.1 * rand(16), "t": rand(16),
+             "mu": rand(16), "var": 1 + np.abs(rand(16)), "w2": rand(32, 16, 3, 3) * 0.1,
+             "wf": rand(10, 32) * 0.3, "bf": rand(10)}
+    return make_model(nodes, [("x", np.float32, [batch, 3, 16, 16])], [("y", np.float32, [batch, 10])],
+                      initializers=inits)
+
+
+def test_mlp_matches_onnxruntime(tmp_path):
+    model = mlp()
+    _, mod = compiled(model, tmp_path)
+    assert type(mod).__name__ == "GpuModule"
+    check(mod, model, {"x": rand(32, 64)})
+
+
+def test_cnn_matches_onnxruntime(tmp_path):
+    model = cnn()
+    _, mod = compiled(model, tmp_path)
+    check(mod, model, {"x": rand(2, 3, 16, 16)}, rtol=1e-4, atol=1e-5)
+
+
+def test_example_cnn(tmp_path):
+    import deploy
+    import onnx
+    model = onnx.load(str(Path(deploy.__file__).parent / "examples" / "cnn.onnx"))
+    name = model.graph.input[0].name
+    shape = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
+    _, mod = compiled(model, tmp_path)
+    check(mod, model, {name: rand(*shape)})
+
+
+def test_cuda_graph_replays_give_fresh_results(tmp_path):
+    model = mlp(batch=8)
+    _, mod = compiled(model, tmp_path)
+    for _ in range(3):  # run 1 launches and captures; runs 2 and 3 replay the graph
+        check(mod, model, {"x": rand(8, 64)})
+    assert mod._graph is not None, mod.graph_error
+
+
+def test_reductions_and_integer_ops(tmp_path):
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=1),
+             helper.make_node("Sub", ["x", "m"], ["d"]),
+             helper.make_node("ArgMax", ["d"], ["i"], axis=1, keepdims=0),
+             helper.make_node("ReduceMax", ["x"], ["mx"], axes=[0], keepdims=0),
+             helper.make_node("CumSum", ["x", "ax"], ["cs"])]
+    model = make_model(nodes, [("x", np.float32, [5, 300])],
+                       [("i", np.int64, [5]), ("mx", np.float32, [300]), ("cs", np.float32, [5, 300])],
+                       initializers={"ax": np.array(1, np.int64)}, opset=17)
+    _, mod = compiled(model, tmp_path)
+    check(mod, model, {"x": rand(5, 300)}, rtol=1e-4, atol=1e-4)
+
+
+def test_fp16_matmul(tmp_path):
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])],
+                       [("a", np.float16, [64, 96]), ("b", np.float16, [96, 80])],
+                       [("y", np.float16, [64, 80])])
+    _, mod = compiled(model, tmp_path)
+    check(mod, model, {"a": rand(64, 96, dtype=np.float16), "b": rand(96, 80, dtype=np.float16)},
+          rtol=2e-2, atol=2e-2)
+
+
+def test_ptx_fallback_from_an_older_arch(tmp_path):
+    """An sm_80 (a100) artifact: its cubin does not load on an H100, its PTX JIT-compiles."""
+    model = mlp(batch=4)
+    _, mod = compiled(model, tmp_path, target="a100")
+    check(mod, model, {"x": rand(4, 64)})
+
+
+def test_concurrent_runs(tmp_path):
+    model = mlp(batch=16)
+    _, mod = compiled(model, tmp_path)
+    xs = [rand(16, 64) for _ in range(8)]
+    refs = [run_ort(model, {"x": x})[0] for x in xs]
+    errors = []
+
+    def worker(k):
+        try:
+            for _ in range(5):
+                np.testing.assert_allclose(mod.run({"x": xs[k]})[0], refs[k], rtol=1e-4, atol=1e-5)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_runtime_needs_neither_torch_nor_triton(tmp_path):
+    model = mlp(batch=4)
+    path, _ = compiled(model, tmp_path)
+    code = ("import json, sys\nimport numpy as np\nimport deploy\n"
+            f"m = deploy.load({str(path)!r})\n"
+            "y = m.run({'x': np.ones((4, 64), np.float32)})[0]\n"
+            "assert y.shape == (4, 10) and np.isfinite(y).all()\n"
+            "print(json.dumps(sorted(k for k in sys.modules if k.split('.')[0] in "
+            "('torch', 'triton', 'onnx', 'onnxruntime') or k.startswith('deploy.compiler'))))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == []
