@@ -498,21 +498,4 @@ def convert_upsample(cx, node, ins):
         scales = np.asarray(cx.attr(node, "scales"), np.float32)
     return [_upsample_legacy(cx, node, x, scales)]
 
-
-
-# ---- grid sampling ----------------------------------------------------------------------------
-
-GRID_MODES = {"bilinear": "linear", "bicubic": "cubic", "linear": "linear", "cubic": "cubic",
-              "nearest": "nearest"}
-
-
-@converter("GridSample")
-def convert_grid_sample(cx, node, ins):
-    mode = cx.attr(node, "mode", "bilinear" if cx.opset < 20 else "linear")
-    if mode not in GRID_MODES:
-        raise ValueError(f"GridSample mode '{mode}'; accepted: {sorted(GRID_MODES)}")
-    pad = cx.attr(node, "padding_mode", "zeros")
-    if pad not in ("zeros", "border", "reflection"):
-        raise ValueError(f"GridSample padding_mode '{pad}'; accepted: zeros, border, reflection")
-    return [cx.b.op(nn.GridSample, ins[0], ins[1], name=node.name, mode=GRID_MODES[mode],
-                    padding_mode=pad, align_corners=int(cx.attr(node, "align_corners", 0)))]
+# GridSample: frontends/onnx/convert_sampling.py (the sampling family).
