@@ -223,18 +223,21 @@ def roi_grid(geom, attrs: dict, m):
     return m.maximum(m.ceil(geom[2]), 0.0), m.maximum(m.ceil(geom[3]), 0.0)
 
 
-def roi_sample(load, geom, ph, pw, iy, ix, hw, grid, m, zero):
-    """RoiAlign's sample (iy, ix) of bin (ph, pw): the four bilinear corner terms w_k * x_k
-    (all zero outside [-1, H] x [-1, W])."""
-    start_h, start_w, bin_h, bin_w = geom
-    height, width = hw
-    y = start_h + ph * bin_h + (iy + 0.5) * bin_h / grid[0]
-    x = start_w + pw * bin_w + (ix + 0.5) * bin_w / grid[1]
-    outside = (y < -1.0) | (y > float(height)) | (x < -1.0) | (x > float(width))
-    corners_y = _corner(m.maximum(y, 0.0), height, m)
-    corners_x = _corner(m.maximum(x, 0.0), width, m)
-    return [m.where(outside, zero, wy * wx * load(yi, xi))
-            for (yi, wy), (xi, wx) in itertools.product(corners_y, corners_x)]
+def roi_axis(start, bin_size, p, i, grid, size: int, m, zero):
+    """RoiAlign along one axis: sample ``i`` of bin ``p`` lies at
+    v = start + p * bin + (i + 0.5) * bin / grid; returns its low and high neighbours and their
+    bilinear weights (both 0 when v is outside [-1, size])."""
+    v = start + p * bin_size + (i + 0.5) * bin_size / grid
+    outside = (v < -1.0) | (v > float(size))
+    (low, w_low), (high, w_high) = _corner(m.maximum(v, 0.0), size, m)
+    return low, high, m.where(outside, zero, w_low), m.where(outside, zero, w_high)
+
+
+def roi_terms(load, ys, xs) -> list:
+    """The four corner terms (w_y * w_x) * x[y, x] of one sample from its per-axis neighbours."""
+    return [(wy * wx) * load(yi, xi)
+            for yi, wy in ((ys[0], ys[2]), (ys[1], ys[3]))
+            for xi, wx in ((xs[0], xs[2]), (xs[1], xs[3]))]
 
 
 def _corner(v, size: int, m):
@@ -275,10 +278,11 @@ def _roi_ref(ins, attrs):
         geom = roi_geometry(list(rois[k]), attrs, NumpyMath)
         grid = [cdt.type(g) for g in roi_grid(geom, attrs, NumpyMath)]
         img = xf[int(batch[k])]
-        samples = []
+        samples, zero = [], cdt.type(0)
         for iy, ix in itertools.product(range(int(grid[0])), range(int(grid[1]))):
-            terms = roi_sample(lambda yi, xi: img[:, yi, xi], geom, ph, pw, cdt.type(iy),
-                               cdt.type(ix), x.shape[2:], grid, NumpyMath, cdt.type(0))
+            ys = roi_axis(geom[0], geom[2], ph, cdt.type(iy), grid[0], x.shape[2], NumpyMath, zero)
+            xs = roi_axis(geom[1], geom[3], pw, cdt.type(ix), grid[1], x.shape[3], NumpyMath, zero)
+            terms = roi_terms(lambda yi, xi: img[:, yi, xi], ys, xs)
             samples.append(sum(terms) if attrs["mode"] == "avg" else np.maximum.reduce(terms))
         if samples:
             out[k] = (sum(samples) / max(int(grid[0]) * int(grid[1]), 1)

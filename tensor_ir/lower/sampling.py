@@ -112,29 +112,48 @@ def lower_roi_align(ctx: LowerCtx):
     bound = ((attrs["sampling_ratio"],) * 2 if attrs["sampling_ratio"] > 0
              else tuple(attrs["grid_bound"]))
     adaptive = attrs["sampling_ratio"] <= 0
-    height, width = x.shape[2:]
+    oh, ow = out.shape[2:]
+    # stages 2, 3: per box, bin and sample, the low/high neighbours and weights along y and x
+    ytab = ctx.temp((rois.shape[0], oh, bound[0], 4), cdt)
+    xtab = ctx.temp((rois.shape[0], ow, bound[1], 4), cdt)
+
+    def axis_table(axis: int, size: int):
+        def fn(r, p, i, k):
+            start, bin_size, grid = geom[r, axis], geom[r, 2 + axis], geom[r, 4 + axis]
+            lo, hi, wl, wh = sp.roi_axis(start, bin_size, cast(p, cdt), cast(i, cdt), grid, size,
+                                         ExprMath, const(0, cdt))
+            parts = [cast(lo, cdt), cast(hi, cdt), wl, wh]
+            expr = parts[3]
+            for j in range(2, -1, -1):
+                expr = select(binary(B.EQ, k, j), parts[j], expr)
+            return expr
+        return fn
 
     def body(r, c, ph, pw):
-        g = [geom[r, j] for j in range(6)]
         b = minimum(maximum(cast(batch[r], INDEX), 0), x.shape[0] - 1)
         load = lambda yi, xi: cast(x[b, c, yi, xi], cdt)  # noqa: E731
         rv = reduce_vars(bound, "s")
         (iy, _), (ix, _) = rv
-        terms = sp.roi_sample(load, g[:4], cast(ph, cdt), cast(pw, cdt), cast(iy, cdt),
-                              cast(ix, cdt), (height, width), g[4:], ExprMath, const(0, cdt))
-        valid = (cast(iy, cdt) < g[4]) & (cast(ix, cdt) < g[5]) if adaptive else None
+        ys = [ytab[r, ph, iy, k] for k in range(4)]
+        xs = [xtab[r, pw, ix, k] for k in range(4)]
+        ys[:2] = [cast(v, INDEX) for v in ys[:2]]
+        xs[:2] = [cast(v, INDEX) for v in xs[:2]]
+        terms = sp.roi_terms(load, ys, xs)
+        gh, gw = geom[r, 4], geom[r, 5]
+        valid = (cast(iy, cdt) < gh) & (cast(ix, cdt) < gw) if adaptive else None
         if attrs["mode"] == "avg":
             value = _sum(terms)
             value = value if valid is None else select(valid, value, const(0, cdt))
-            count = maximum(g[4] * g[5], const(1.0, cdt))
+            count = maximum(gh * gw, const(1.0, cdt))
             return cast(Reduce(R.SUM, rv, value, cdt) / count, out.dtype)
         value = _max(terms)
         value = value if valid is None else select(valid, value, const(-np.inf, cdt))
         best = Reduce(R.MAX, rv, value, cdt)
-        empty = g[4] * g[5] < const(0.5, cdt)
+        empty = gh * gw < const(0.5, cdt)
         return cast(select(empty, const(0, cdt), best), out.dtype)
 
-    return [compute(geom, geometry), compute(out, body)]
+    return [compute(geom, geometry), compute(ytab, axis_table(0, x.shape[2])),
+            compute(xtab, axis_table(1, x.shape[3])), compute(out, body)]
 
 
 def _sum(terms):
@@ -145,10 +164,10 @@ def _sum(terms):
 
 
 def _max(terms):
-    best = terms[0]
-    for t in terms[1:]:
-        best = maximum(best, t)
-    return best
+    """Pairwise, so the max macro nests log2(n) deep (it repeats its operands)."""
+    while len(terms) > 1:
+        terms = [maximum(a, b) for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) // 2 * 2:]
+    return terms[0]
 
 
 # ---- Det ----------------------------------------------------------------------------------------
