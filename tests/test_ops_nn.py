@@ -209,14 +209,3 @@ def test_resize(spec):
     model = make_model([node], [("x", F32, list(x.shape))], [("y", F32, None)], inits, opset=13)
     check_against_ort(model, {"x": x}, rtol=1e-4, atol=1e-5)
 
-
-def test_grid_sample():
-    rng = np.random.default_rng(10)
-    x, g = _rand(rng, 2, 3, 5, 6), rng.uniform(-1.2, 1.2, (2, 4, 3, 2)).astype(F32)
-    nodes = [helper.make_node("GridSample", ["x", "g"], [f"y{k}"], mode=m, padding_mode=p,
-                              align_corners=a)
-             for k, (m, p, a) in enumerate([("bilinear", "zeros", 0), ("nearest", "border", 1),
-                                            ("bicubic", "reflection", 0)])]
-    model = make_model(nodes, [("x", F32, list(x.shape)), ("g", F32, list(g.shape))],
-                       [(f"y{k}", F32, None) for k in range(3)], opset=16)
-    check_against_ort(model, {"x": x, "g": g}, rtol=1e-4, atol=1e-5)

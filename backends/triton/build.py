@@ -12,6 +12,7 @@ Members written: ``gpu/kernels.py`` (the generated source; runnable on its own),
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ...errors import NotImplementedYetError
@@ -35,16 +36,16 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
             f"target {tgt.name}: host ops ({', '.join(sorted(set(host_ops)))}) have data-dependent "
             "output shapes and do not run on GPU targets yet; compile for a CPU target")
     renderer = TritonRenderer(tgt, allow_tf32=allow_tf32)
-    plans, functions, info = {}, [], []
+    plans, unique, info = {}, {}, []
     for k in kernels:
         fused = fuse_stages(k)
-        fns = renderer.kernel(fused)
+        fns = [_shared(f, unique) for f in renderer.kernel(fused)]
         temps, temp_bytes = _temp_layout(fused)
         plans[k.name] = {"launches": [_launch(f, fused, temps, tgt.warp_size or 32) for f in fns],
                          "temp_bytes": temp_bytes}
-        functions += fns
         info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
                      "tuned": False, "schedule": [_describe(f) for f in fns]})
+    functions = list(unique.values())
     source = TritonRenderer.module(functions)
     if dump:
         (dump / "kernels_triton.py").write_text(source)
@@ -64,6 +65,15 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
            "kernels": plans, "scratch_bytes": max((p["temp_bytes"] for p in plans.values()),
                                                   default=0)}
     return members, info, {"gpu": gpu, "binaries": binaries}
+
+
+def _shared(f: TritonFunction, unique: dict) -> TritonFunction:
+    """The first function with the same code (all but its name) stands for every later one:
+    repeated blocks of a model compile once."""
+    key = (f.source.replace(f"def {f.name}(", "def _(", 1), tuple(f.signature.items()),
+           tuple(sorted(f.constexprs.items())), f.num_warps, f.num_stages)
+    first = unique.setdefault(key, f)
+    return f if first is f else dataclasses.replace(f, name=first.name, source=first.source)
 
 
 def _temp_layout(k: Kernel) -> tuple[dict[str, int], int]:

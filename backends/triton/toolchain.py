@@ -8,20 +8,23 @@ function's own arguments), so a runtime without triton can launch it.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
+import os
+import pickle
 import re
+import subprocess
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import CompileError, NotImplementedYetError
 from .render import TritonFunction
 
 
-@dataclass
+@dataclasses.dataclass
 class Binary:
     """One compiled function: its binaries by kind and its launch metadata."""
     images: dict[str, bytes]  # "cubin", "ptx", "hsaco"
@@ -31,7 +34,7 @@ class Binary:
     global_scratch: int = 0  # bytes per program (0: the pointer is NULL)
     global_scratch_align: int = 1
     profile_scratch: int = 0
-    meta: dict = field(default_factory=dict)
+    meta: dict = dataclasses.field(default_factory=dict)
 
 
 def triton_version() -> str:
@@ -69,38 +72,87 @@ def load_source(source: str, directory: Path):
     return module
 
 
-def compile_functions(functions: list[TritonFunction], source: str, tgt) -> dict[str, Binary]:
-    """AOT-compile every function of ``source`` (the module text) for ``tgt``."""
+PARALLEL_MIN = 8  # functions below which worker processes cost more than they save
+
+
+def compile_functions(functions: list[TritonFunction], source: str, tgt,
+                      jobs: int | None = None) -> dict[str, Binary]:
+    """AOT-compile every function of ``source`` (the module text) for ``tgt``; many functions
+    are split among worker processes (``python -m`` this module: no fork of a process that may
+    hold torch or triton state, no re-run of the caller's script)."""
     triton_version()
+    target = gpu_target(tgt)
+    specs = [_spec(f) for f in functions]
+    jobs = min(jobs or os.cpu_count() or 1, len(specs))
+    if jobs <= 1 or len(specs) < PARALLEL_MIN:
+        return _compile_specs(source, specs, target, tgt.name)
+    procs = []
+    for k in range(jobs):
+        p = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        p.stdin.write(pickle.dumps((source, specs[k::jobs], target, tgt.name)))
+        p.stdin.close()
+        procs.append(p)
+    out: dict[str, Binary] = {}
+    failures = []
+    for p in procs:
+        data, err = p.stdout.read(), p.stderr.read()
+        p.wait()
+        if p.returncode != 0:
+            failures.append(err.decode(errors="replace").strip()[-4000:])
+            continue
+        out.update({name: Binary(**fields) for name, fields in pickle.loads(data).items()})
+    if failures:
+        raise CompileError(failures[0])
+    return out
+
+
+def _worker() -> None:
+    """Compile the specs pickled on stdin; pickle {name: Binary fields} to stdout."""
+    source, specs, target, name = pickle.loads(sys.stdin.buffer.read())
+    try:
+        result = _compile_specs(source, specs, target, name)
+    except CompileError as e:
+        sys.stderr.write(str(e))
+        sys.exit(3)
+    sys.stdout.buffer.write(pickle.dumps({k: dataclasses.asdict(b) for k, b in result.items()}))
+
+
+def _spec(f: TritonFunction) -> dict:
+    return {"name": f.name, "signature": f.signature, "constexprs": f.constexprs,
+            "nargs": len(f.args), "num_warps": f.num_warps, "num_stages": f.num_stages,
+            "template": f.template, "source": f.source}
+
+
+def _compile_specs(source: str, specs: list[dict], target, target_name: str) -> dict[str, Binary]:
     import triton
     from triton.compiler import ASTSource
-    target = gpu_target(tgt)
     out: dict[str, Binary] = {}
     with tempfile.TemporaryDirectory(prefix="deploy-triton-") as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = load_source(source, Path(tmp))
-        for f in functions:
-            attrs = {(k,): [["tt.divisibility", 16]] for k in range(len(f.args))}
-            src = ASTSource(getattr(module, f.name), f.signature, f.constexprs, attrs)
+        for f in specs:
+            attrs = {(k,): [["tt.divisibility", 16]] for k in range(f["nargs"])}
+            src = ASTSource(getattr(module, f["name"]), f["signature"], f["constexprs"], attrs)
             try:
-                c = triton.compile(src, target=target,
-                                   options={"num_warps": f.num_warps, "num_stages": f.num_stages})
-            except Exception as e:  # triton raises many types
-                raise CompileError(f"triton could not compile {f.name} ({f.template} template) "
-                                   f"for {tgt.name}: {type(e).__name__}: {e}\n"
-                                   f"--- source ---\n{f.source}") from e
-            out[f.name] = _binary(c, f, target.backend)
+                c = triton.compile(src, target=target, options={"num_warps": f["num_warps"],
+                                                                "num_stages": f["num_stages"]})
+            except Exception as e:  # noqa: BLE001  (triton raises many types)
+                raise CompileError(f"triton could not compile {f['name']} ({f['template']} "
+                                   f"template) for {target_name}: {type(e).__name__}: {e}\n"
+                                   f"--- source ---\n{f['source']}") from None
+            out[f["name"]] = _binary(c, f["name"], f["nargs"], target.backend)
     return out
 
 
-def _binary(c, f: TritonFunction, backend: str) -> Binary:
+def _binary(c, name: str, nargs: int, backend: str) -> Binary:
     md = c.metadata
     if backend == "cuda":
         images = {"cubin": bytes(c.asm["cubin"]), "ptx": c.asm["ptx"].encode()}
-        params = ptx_param_count(c.asm["ptx"], f.name)
+        params = ptx_param_count(c.asm["ptx"], name)
     else:
         images = {"hsaco": bytes(c.asm["hsaco"])}
-        params = len(f.args) + 2  # triton 3.x: global and profile scratch pointers
+        params = nargs + 2  # triton 3.x: global and profile scratch pointers
     return Binary(images, int(md.shared), int(md.num_warps), params,
                   int(getattr(md, "global_scratch_size", 0) or 0),
                   int(getattr(md, "global_scratch_align", 1) or 1),
@@ -113,3 +165,7 @@ def ptx_param_count(ptx: str, name: str) -> int:
     if m is None:
         raise CompileError(f"PTX of {name} has no .entry {name}")
     return len(re.findall(r"\.param\b", m.group(1)))
+
+
+if __name__ == "__main__":
+    _worker()

@@ -1,4 +1,4 @@
-"""Op table: neural-network ops (pooling, normalization, softmax, LRN, resampling, grid sampling).
+"""Op table: neural-network ops (pooling, normalization, softmax, LRN, resampling).
 
 Attributes are fully resolved by the frontend: pooling gets explicit ``pads`` (begin..., end...)
 and ``ceil_mode``; normalizations get sorted, non-negative ``axes``; softmax a single ``axis``.

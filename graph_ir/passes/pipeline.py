@@ -17,6 +17,7 @@ from .dce import dce
 from .fold import fold_constants
 from .fold_affine import fold_affine
 from .fuse import fuse
+from .layout import layout
 from .simplify import simplify
 
 PIPELINE = [
@@ -25,6 +26,7 @@ PIPELINE = [
     ("cse", cse),  # one node per distinct computation
     ("dce", dce),  # drop what no output needs
     ("fold_affine", fold_affine),  # BatchNorm (per-channel x*s+t) into conv weights and bias
+    ("layout", layout),  # NHWC convolutions and pools where the target prefers them
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
 

@@ -1,0 +1,134 @@
+"""Layout planning: run 2-D convolutions and pools channels-last where the target prefers NHWC.
+
+Each NCHW Conv / Pool becomes ``to_nchw(Op[layout=NHWC](to_nhwc(x)))`` with the weight re-laid
+out once at compile time (OHWI). Then transposes sink through the graph: elementwise ops move
+below them (constant operands are re-laid out), reductions and concatenations remap their axes,
+and a transpose meeting its inverse cancels (``simplify``'s transpose rule), so layout changes
+remain only at the graph's edges. The user-visible input and output layouts never change.
+Before: ``Conv -> Relu -> Conv``  After: ``T(x) -> Conv' -> Relu -> Conv' -> T``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph, Node, Value
+from ..ops import Kind
+from .dce import dce
+from .rewrite import Rewriter, rewrite
+from .simplify import transpose_chain
+
+TO_NHWC = (0, 2, 3, 1)
+TO_NCHW = (0, 3, 1, 2)
+
+
+def _inverse(perm) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argsort(perm))
+
+
+def to_channels_last(node: Node, rw: Rewriter) -> Value | None:
+    # Conv/Pool(x NCHW) -> T(Conv/Pool[NHWC](T(x)))
+    x = node.inputs[0]
+    if len(x.shape) != 4 or node.attrs.get("layout", "NCHW") != "NCHW" or len(node.outputs) != 1:
+        return None
+    ins = [rw.emit("Transpose", [x], node.name + "_nhwc", perm=TO_NHWC)]
+    if node.op.name == "Conv":
+        w = rw.const(node.inputs[1])
+        if w is None:
+            return None
+        ins.append(rw.new_const(np.ascontiguousarray(w.transpose(0, 2, 3, 1)), node.name + "_ohwi",
+                                node.inputs[1]))
+        ins += list(node.inputs[2:])
+    y = rw.emit(node.op.name, ins, node.name, **dict(node.attrs, layout="NHWC"))
+    return rw.emit("Transpose", [y], node.name + "_nchw", perm=TO_NCHW)
+
+
+def _transposed(rw: Rewriter, v: Value | None):
+    """(source, perm) when ``v`` is the output of a Transpose."""
+    t = rw.prod(v, "Transpose")
+    return (t.inputs[0], tuple(t.attrs["perm"])) if t is not None else (None, None)
+
+
+def sink_elementwise(node: Node, rw: Rewriter) -> Value | None:
+    # E(T(x), c, T(y)) -> T(E(x, c', y)) with c' the constant re-laid out by T's inverse
+    if node.op.kind is not Kind.ELEMENTWISE or len(node.outputs) != 1:
+        return None
+    perm, rank = None, len(node.outputs[0].shape)
+    for v in node.inputs:
+        src, p = _transposed(rw, v)
+        if p is not None and len(v.shape) == rank:
+            perm = p
+            break
+    if perm is None:
+        return None
+    inv = _inverse(perm)
+    new_ins = []
+    for v in node.inputs:
+        src, p = _transposed(rw, v)
+        if v is None:
+            new_ins.append(None)
+        elif p == perm and len(v.shape) == rank:
+            new_ins.append(src)
+        elif rw.const(v) is not None:
+            c = rw.const(v).reshape((1,) * (rank - len(v.shape)) + tuple(v.shape))
+            new_ins.append(rw.new_const(np.ascontiguousarray(c.transpose(inv)), v.name, v))
+        else:
+            return None  # a runtime operand in the other layout: leave the transpose here
+    y = rw.emit(node.op.name, new_ins, node.name, **node.attrs)
+    return rw.emit("Transpose", [y], node.name + "_t", perm=perm)
+
+
+def sink_reduction(node: Node, rw: Rewriter) -> Value | None:
+    # Reduce(T(x), axes) -> Reduce(x, perm[axes]) (+ a transpose only if kept dims reorder)
+    src, perm = _transposed(rw, node.inputs[0])
+    if perm is None or "axes" not in node.attrs or len(node.outputs) != 1:
+        return None
+    axes = tuple(perm[a] for a in node.attrs["axes"])
+    y = rw.emit(node.op.name, [src, *node.inputs[1:]], node.name, **dict(node.attrs, axes=axes))
+    if node.attrs.get("keepdims", 1):
+        return rw.emit("Transpose", [y], node.name + "_t", perm=perm)
+    kept = [p for p in perm if p not in axes]
+    order = tuple(int(i) for i in np.argsort(np.argsort(kept)))
+    return y if order == tuple(range(len(order))) else rw.emit("Transpose", [y], node.name + "_t",
+                                                                perm=order)
+
+
+def sink_concat(node: Node, rw: Rewriter) -> Value | None:
+    # Concat(T(x1), T(x2), axis) -> T(Concat(x1, x2, perm[axis]))
+    pairs = [_transposed(rw, v) for v in node.inputs]
+    perms = {p for _, p in pairs}
+    if len(perms) != 1 or None in perms:
+        return None
+    perm = perms.pop()
+    axis = node.attrs["axis"] % len(perm)
+    y = rw.emit("Concat", [s for s, _ in pairs], node.name, **dict(node.attrs, axis=perm[axis]))
+    return rw.emit("Transpose", [y], node.name + "_t", perm=perm)
+
+
+def unit_transpose_to_reshape(node: Node, rw: Rewriter) -> Value | None:
+    # a transpose that only moves size-1 dims is a reshape (a free view)
+    x = node.inputs[0]
+    moved = [p for p in node.attrs["perm"] if x.shape[p] != 1]
+    if moved != sorted(moved):
+        return None
+    return rw.emit("Reshape", [x], node.name, shape=tuple(node.outputs[0].shape))
+
+
+ELEMENTWISE_RULES = "Add Sub Mul Div Max Min Relu Neg Exp Sqrt Tanh Erf Pow Sigmoid Clip Where " \
+    "Cast Abs Log Sin Cos Floor Ceil Round Sign Reciprocal Equal Less Greater And Or Not " \
+    "LessOrEqual GreaterOrEqual Mod IsNaN IsInf HardSigmoid".split()
+
+
+def layout(g: Graph, target=None) -> Graph:
+    if target is None or getattr(target, "preferred_layout", "NCHW") != "NHWC":
+        return g
+    from ..ops import OPS
+    convert = [(op, to_channels_last) for op in ("Conv", "Pool")
+               if op in OPS and "layout" in OPS[op].attrs]
+    if not convert:
+        return g
+    rules = convert + [(op, sink_elementwise) for op in ELEMENTWISE_RULES if op in OPS]
+    rules += [(op, sink_reduction) for op in OPS if op.startswith("Reduce")]
+    rules += [("Concat", sink_concat), ("Transpose", transpose_chain),
+              ("Transpose", unit_transpose_to_reshape)]
+    g, _ = rewrite(g, rules, max_rounds=64)
+    return dce(g)
