@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .expr import B, Binary, Cast, Expr, Load, R, Reduce, Select, Var, affine_coeff, walk
 from .kernel import Kernel, Stage
 
-PARALLEL_MIN_WORK = 1 << 15  # points x body size below which OpenMP costs more than it gives
+PARALLEL_MIN_WORK = 1 << 18  # multiply-adds below which an OpenMP region costs more than it gives
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ against ONNX Runtime (the ONNX reference evaluator where ORT lacks the op or ops
 random inputs. Attention must also reach the fusion pass's attention pattern."""
 from __future__ import annotations
 
+import deploy
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -10,15 +11,13 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-import deploy
-
 RNG = np.random.default_rng(11)
 
 
 def _model(op, inputs: dict, outputs: int, opset: int, consts=None, order=None, **attrs):
     consts = consts or {}
     names = order or list(inputs) + list(consts)
-    vi = lambda n, a: helper.make_tensor_value_info(  # noqa: E731
+    vi = lambda n, a: helper.make_tensor_value_info(
         n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
     outs = [helper.make_tensor_value_info(f"y{k}", onnx.TensorProto.UNDEFINED, None)
             for k in range(outputs)]

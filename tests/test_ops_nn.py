@@ -156,7 +156,7 @@ def test_einsum_and_integer_contractions():
     w = rng.integers(0, 255, (6, 4)).astype(np.uint8)
     xi = rng.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
     wi = rng.integers(0, 255, (3, 2, 3, 3)).astype(np.uint8)
-    inits = {"w": w, "azp": np.array([3, 7, 1], np.uint8), "bzp": np.uint8(128), "wi": wi,
+    inits = {"w": w, "azp": np.uint8(3), "bzp": np.uint8(128), "wi": wi,
              "xzp": np.uint8(5)}
     nodes = [helper.make_node("Einsum", ["a", "b"], ["e1"], equation="bij,bjk->bik"),
              helper.make_node("Einsum", ["a"], ["e2"], equation="bij->jb"),

@@ -151,7 +151,6 @@ def test_cnn_example_end_to_end(tmp_path):
 def run_kernel(kernel, arrays: dict) -> dict:
     """Render ``kernel``, run each function interpreted on torch CPU tensors; all buffers out."""
     import torch
-
     from deploy.backends.triton.fuse import fuse_stages
     from deploy.backends.triton.interpret import interpreted_stdlib, load_interpreted
     from deploy.backends.triton.render import TritonRenderer
@@ -279,6 +278,16 @@ def test_gpu_targets_refuse_host_ops_and_tuning():
         deploy.compile(model, target="h100", aot=False)
     with pytest.raises(NotImplementedYetError, match="tuning GPU kernels"):
         deploy.compile(_mlp(), target="h100", tune="quick")
+
+
+def test_repeated_blocks_share_one_function(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
+             helper.make_node("MatMul", ["a", "w2"], ["g"]), helper.make_node("Relu", ["g"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [16, 32])], [("y", np.float32, [16, 32])],
+                       initializers={"w1": rand(32, 32), "w2": rand(32, 32)})
+    m = interpreted(model, {"x": rand(16, 32)}, tmp_path)
+    fns = [launch["fn"] for p in m["gpu"]["kernels"].values() for launch in p["launches"]]
+    assert len(fns) == 2 and len(set(fns)) == 1
 
 
 def test_generated_source_runs_on_its_own(tmp_path):

@@ -66,12 +66,12 @@ def convert_roi_align(cx, node, ins):
     if ctm not in ("half_pixel", "output_half_pixel"):
         raise ValueError(f"RoiAlign: coordinate_transformation_mode '{ctm}'; accepted: "
                          "half_pixel, output_half_pixel")
-    attrs = dict(mode=cx.attr(node, "mode", "avg"),
-                 output_height=int(cx.attr(node, "output_height", 1)),
-                 output_width=int(cx.attr(node, "output_width", 1)),
-                 sampling_ratio=int(cx.attr(node, "sampling_ratio", 0)),
-                 spatial_scale=float(cx.attr(node, "spatial_scale", 1.0)),
-                 half_pixel=int(ctm == "half_pixel"))
+    attrs = {"mode": cx.attr(node, "mode", "avg"),
+             "output_height": int(cx.attr(node, "output_height", 1)),
+             "output_width": int(cx.attr(node, "output_width", 1)),
+             "sampling_ratio": int(cx.attr(node, "sampling_ratio", 0)),
+             "spatial_scale": float(cx.attr(node, "spatial_scale", 1.0)),
+             "half_pixel": int(ctm == "half_pixel")}
     if rois.dtype is not x.dtype:
         rois = cx.b.op(ew.Cast, rois, to=x.dtype)
     if attrs["sampling_ratio"] <= 0:  # the per-box grid is data-dependent: bound it now

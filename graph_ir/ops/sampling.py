@@ -17,7 +17,7 @@ import numpy as np
 
 from ..types import DType
 from .nn import compute_dtype
-from .registry import REQUIRED, Kind, define, same_dtype
+from .registry import Kind, define, same_dtype
 
 CUBIC_A = -0.75
 GRID_MODES = ("nearest", "linear", "cubic")
@@ -282,7 +282,7 @@ def _roi_ref(ins, attrs):
         for iy, ix in itertools.product(range(int(grid[0])), range(int(grid[1]))):
             ys = roi_axis(geom[0], geom[2], ph, cdt.type(iy), grid[0], x.shape[2], NumpyMath, zero)
             xs = roi_axis(geom[1], geom[3], pw, cdt.type(ix), grid[1], x.shape[3], NumpyMath, zero)
-            terms = roi_terms(lambda yi, xi: img[:, yi, xi], ys, xs)
+            terms = roi_terms(lambda yi, xi, im=img: im[:, yi, xi], ys, xs)
             samples.append(sum(terms) if attrs["mode"] == "avg" else np.maximum.reduce(terms))
         if samples:
             out[k] = (sum(samples) / max(int(grid[0]) * int(grid[1]), 1)

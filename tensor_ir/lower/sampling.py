@@ -12,8 +12,22 @@ import numpy as np
 from ...graph_ir import ops
 from ...graph_ir.ops import sampling as sp
 from ...graph_ir.ops.nn import compute_dtype
-from ..expr import (INDEX, B, Expr, R, Reduce, U, as_expr, binary, cast, const, maximum, minimum,
-                    select, unary)
+from ..expr import (
+    INDEX,
+    B,
+    Expr,
+    R,
+    Reduce,
+    U,
+    as_expr,
+    binary,
+    cast,
+    const,
+    maximum,
+    minimum,
+    select,
+    unary,
+)
 from ..kernel import Buffer, compute, reduce_vars
 from .registry import LowerCtx, lowering
 
@@ -83,7 +97,7 @@ def lower_grid_sample(ctx: LowerCtx):
 
     def body(n, c, *o):
         at = [coords[(n, *o, k)] for k in range(nsp)]
-        load = lambda idx: cast(x[(n, c, *idx)], cdt)  # noqa: E731
+        load = lambda idx: cast(x[(n, c, *idx)], cdt)
         return cast(sp.grid_sample_point(load, at, dims, attrs, ExprMath, const(0, cdt)),
                     out.dtype)
 
@@ -131,7 +145,7 @@ def lower_roi_align(ctx: LowerCtx):
 
     def body(r, c, ph, pw):
         b = minimum(maximum(cast(batch[r], INDEX), 0), x.shape[0] - 1)
-        load = lambda yi, xi: cast(x[b, c, yi, xi], cdt)  # noqa: E731
+        load = lambda yi, xi: cast(x[b, c, yi, xi], cdt)
         rv = reduce_vars(bound, "s")
         (iy, _), (ix, _) = rv
         ys = [ytab[r, ph, iy, k] for k in range(4)]
