@@ -1,0 +1,86 @@
+"""CPU benchmark: deploy vs ONNX Runtime vs PyTorch eager vs torch.compile, same inputs, one run.
+
+    python -m deploy.bench.cpu resnet50 mobilenet_v2 bert_base gpt2_small [--batch 1] [--runs 20]
+        [--threads 2] [--tune none|quick|full] [--no-torch]
+
+For each model: export it (bench.models), compile it with deploy for ``host`` (optionally tuned),
+check it against ONNX Runtime (rtol 1e-3, atol 1e-4), then time every engine on the same inputs:
+medians after warm-up, milliseconds, and the ratios deploy/ORT and deploy/torch.compile. ORT and
+torch use the same thread count as deploy's OpenMP. Prints one markdown row per model.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+
+def median_ms(fn, runs: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch_too: bool) -> str:
+    import onnxruntime as ort
+
+    import deploy
+
+    from .models import build, input_specs, model_path, random_inputs
+    path = str(model_path(name, batch=batch))
+    feed = random_inputs(input_specs(path), np.random.default_rng(1))
+    t0 = time.perf_counter()
+    mod = deploy.compile(path, tune=tune).load()
+    compile_s = time.perf_counter() - t0
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    ours, ref = mod.run(feed), sess.run(None, feed)
+    ok = all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(ours, ref))
+    t_deploy = median_ms(lambda: mod.run(feed), runs)
+    t_ort = median_ms(lambda: sess.run(None, feed), runs)
+    cells = [name, str(batch), f"{compile_s:.1f}", f"{t_deploy:.2f}", f"{t_ort:.2f}"]
+    t_eager = t_tc = float("nan")
+    if torch_too:
+        import torch
+        torch.set_num_threads(threads)
+        module, specs, _ = build(name, batch=batch)
+        args = [torch.from_numpy(feed[s.name]) for s in specs]
+        with torch.no_grad():
+            t_eager = median_ms(lambda: module(*args), runs)
+            compiled = torch.compile(module)
+            compiled(*args)
+            t_tc = median_ms(lambda: compiled(*args), runs)
+    cells += [f"{t_eager:.2f}", f"{t_tc:.2f}", f"{t_deploy / t_ort:.2f}",
+              f"{t_deploy / t_tc:.2f}", "yes" if ok else "NO"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("models", nargs="+")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--tune", default="none", choices=["none", "quick", "full"])
+    p.add_argument("--no-torch", action="store_true", help="skip eager and torch.compile")
+    a = p.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    print("| model | batch | deploy compile s | deploy ms | ORT ms | eager ms | torch.compile ms | "
+          "deploy/ORT | deploy/torch.compile | matches ORT |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for name in a.models:
+        print(bench_model(name, a.batch, a.runs, a.threads, a.tune, not a.no_torch), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
