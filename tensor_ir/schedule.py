@@ -21,6 +21,7 @@ class GemmTile:
     nr: int
     a: Expr  # the reduction operand read per i (broadcast across the tile's row)
     b: Expr  # the operand read per j (a vector of nr values)
+    cols_outer: bool = False  # loop over column tiles outside row tiles (b is the larger operand)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,9 @@ def rule_gemm_tile(stage: Stage, mr: int = MR, nr: int = NR) -> StageSchedule | 
     parallel = 0
     if stage_work(stage) >= PARALLEL_MIN_WORK and outer_points >= 8:
         parallel = _collapse(tuple(stage.extents[k] for k in outer), len(outer))
-    return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, mr, nr, a, b))
+    # the operand with more data stays in cache: b panels when there are more columns than rows
+    cols_outer = stage.extents[j] > stage.extents[i]
+    return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, mr, nr, a, b, cols_outer))
 
 
 DOT_MIN = 32  # innermost reduction extent from which a stage runs as vectorized dot products

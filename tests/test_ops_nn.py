@@ -24,17 +24,17 @@ def _rand(rng, *shape):
 
 
 CONVS = [  # (x shape, w shape, attrs)
-    ((1, 3, 9, 9), (4, 3, 3, 3), dict(pads=[1, 1, 1, 1])),
-    ((2, 4, 8, 7), (6, 2, 3, 2), dict(group=2, strides=[2, 1], pads=[1, 0, 0, 1])),
-    ((1, 8, 9, 9), (8, 1, 3, 3), dict(group=8, strides=[2, 2], auto_pad="SAME_UPPER")),
-    ((1, 5, 11, 11), (3, 5, 3, 3), dict(dilations=[2, 2], pads=[2, 1, 2, 2])),
-    ((1, 5, 10, 9), (3, 5, 3, 2), dict(auto_pad="SAME_LOWER", strides=[2, 2])),
+    ((1, 3, 9, 9), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 4, 8, 7), (6, 2, 3, 2), {"group": 2, "strides": [2, 1], "pads": [1, 0, 0, 1]}),
+    ((1, 8, 9, 9), (8, 1, 3, 3), {"group": 8, "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 5, 11, 11), (3, 5, 3, 3), {"dilations": [2, 2], "pads": [2, 1, 2, 2]}),
+    ((1, 5, 10, 9), (3, 5, 3, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
     ((1, 16, 7, 7), (20, 16, 1, 1), {}),
-    ((1, 6, 10, 10), (4, 6, 1, 1), dict(strides=[2, 2])),
-    ((1, 3, 14), (5, 3, 4), dict(strides=[3], pads=[2, 1])),
-    ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), dict(pads=[1, 0, 1, 0, 1, 1])),
-    ((1, 3, 16, 16), (8, 3, 7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3])),
-    ((1, 4, 8, 8), (4, 4, 3, 3), dict(auto_pad="VALID")),
+    ((1, 6, 10, 10), (4, 6, 1, 1), {"strides": [2, 2]}),
+    ((1, 3, 14), (5, 3, 4), {"strides": [3], "pads": [2, 1]}),
+    ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"pads": [1, 0, 1, 0, 1, 1]}),
+    ((1, 3, 16, 16), (8, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    ((1, 4, 8, 8), (4, 4, 3, 3), {"auto_pad": "VALID"}),
 ]
 
 
@@ -49,10 +49,10 @@ def test_conv(xs, ws, attrs):
 def test_conv_transpose_variants():
     rng = np.random.default_rng(1)
     x = _rand(rng, 1, 4, 5, 6)
-    cases = [dict(strides=[2, 2]),
-             dict(strides=[2, 3], pads=[1, 0, 0, 1], output_padding=[1, 0], group=2),
-             dict(strides=[2, 2], output_shape=[11, 13], dilations=[1, 2]),
-             dict(strides=[2, 2], auto_pad="SAME_UPPER")]
+    cases = [{"strides": [2, 2]},
+             {"strides": [2, 3], "pads": [1, 0, 0, 1], "output_padding": [1, 0], "group": 2},
+             {"strides": [2, 2], "output_shape": [11, 13], "dilations": [1, 2]},
+             {"strides": [2, 2], "auto_pad": "SAME_UPPER"}]
     nodes, inits, outs = [], {}, []
     for k, attrs in enumerate(cases):
         g = attrs.get("group", 1)
@@ -101,7 +101,7 @@ def test_pool_1d_3d():
 def test_normalizations():
     rng = np.random.default_rng(4)
     x = _rand(rng, 2, 4, 3, 5)
-    c = lambda: _rand(rng, 4)  # noqa: E731
+    c = lambda: _rand(rng, 4)
     inits = {"s": c(), "b": c(), "mu": c(), "var": np.abs(c()) + 0.5, "ls": _rand(rng, 3, 5),
              "lb": _rand(rng, 3, 5), "gs": c(), "gb": c()}
     nodes = [
@@ -181,15 +181,15 @@ def test_gemm_with_runtime_transposed_b_and_dropout():
 
 
 RESIZES = [
-    dict(mode="nearest", scales=[1, 1, 2, 1.5]),
-    dict(mode="nearest", sizes=[1, 2, 3, 9], coordinate_transformation_mode="asymmetric",
-         nearest_mode="ceil"),
-    dict(mode="linear", scales=[1, 1, 0.6, 1.7]),
-    dict(mode="linear", sizes=[1, 2, 9, 4], coordinate_transformation_mode="align_corners"),
-    dict(mode="cubic", scales=[1, 1, 1.5, 2], exclude_outside=1, cubic_coeff_a=-0.5),
-    dict(mode="cubic", sizes=[1, 2, 3, 3], coordinate_transformation_mode="pytorch_half_pixel"),
-    dict(mode="linear", sizes=[1, 2, 5, 5], coordinate_transformation_mode="tf_crop_and_resize",
-         roi=[0, 0, 0.1, 0.2, 1, 1, 0.9, 1.2], extrapolation_value=-3.0),
+    {"mode": "nearest", "scales": [1, 1, 2, 1.5]},
+    {"mode": "nearest", "sizes": [1, 2, 3, 9], "coordinate_transformation_mode": "asymmetric",
+         "nearest_mode": "ceil"},
+    {"mode": "linear", "scales": [1, 1, 0.6, 1.7]},
+    {"mode": "linear", "sizes": [1, 2, 9, 4], "coordinate_transformation_mode": "align_corners"},
+    {"mode": "cubic", "scales": [1, 1, 1.5, 2], "exclude_outside": 1, "cubic_coeff_a": -0.5},
+    {"mode": "cubic", "sizes": [1, 2, 3, 3], "coordinate_transformation_mode": "pytorch_half_pixel"},
+    {"mode": "linear", "sizes": [1, 2, 5, 5], "coordinate_transformation_mode": "tf_crop_and_resize",
+         "roi": [0, 0, 0.1, 0.2, 1, 1, 0.9, 1.2], "extrapolation_value": -3.0},
 ]
 
 

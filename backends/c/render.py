@@ -174,29 +174,30 @@ class CRenderer:
         ind = "  " * (depth + 1)
         ej_full, ej_rem, ei_rem = ej - ej % g.nr, ej % g.nr, ei % g.mr
 
-        def row_of_tiles(mr: int, ind: str) -> None:
-            # full-width tiles, then one narrower tile: every tile size is a compile-time constant
-            if ej_full:
-                lines.append(f"{ind}for (int64_t jt_ = 0; jt_ < {ej_full}; jt_ += {g.nr}) {{")
-                lines.extend(self._gemm_tile(red, a, b, epi, out, st, tile, ctype, mr, g.nr,
-                                             ind + "  "))
+        spans = {"i": (ei_full, ei_rem, g.mr, "it_"), "j": (ej_full, ej_rem, g.nr, "jt_")}
+        may_split = not sched.parallel and stage_work(st) >= PARALLEL_MIN_WORK
+
+        def nest(order: str, size: dict, ind: str) -> None:
+            # full tiles along the first axis of ``order``, then one narrower tile; inside, the
+            # same for the next axis: every tile size is a compile-time constant
+            if not order:
+                lines.extend(self._gemm_tile(red, a, b, epi, out, st, tile, ctype, size["i"],
+                                             size["j"], ind))
+                return
+            full, rem, step, var = spans[order[0]]
+            if full:
+                if may_split and len(order) == 2 and full >= 2 * step:
+                    lines.append(f"{ind}#pragma omp parallel for schedule(static)")
+                lines.append(f"{ind}for (int64_t {var} = 0; {var} < {full}; {var} += {step}) {{")
+                nest(order[1:], {**size, order[0]: step}, ind + "  ")
                 lines.append(f"{ind}}}")
-            if ej_rem:
-                lines.append(f"{ind}{{ const int64_t jt_ = {ej_full};")
-                lines.extend(self._gemm_tile(red, a, b, epi, out, st, tile, ctype, mr, ej_rem,
-                                             ind + "  "))
+            if rem:
+                lines.append(f"{ind}{{ const int64_t {var} = {full};")
+                nest(order[1:], {**size, order[0]: rem}, ind + "  ")
                 lines.append(f"{ind}}}")
 
-        if ei_full:
-            if not sched.parallel and ei_full >= 2 * g.mr and stage_work(st) >= PARALLEL_MIN_WORK:
-                lines.append(f"{ind}#pragma omp parallel for schedule(static)")
-            lines.append(f"{ind}for (int64_t it_ = 0; it_ < {ei_full}; it_ += {g.mr}) {{")
-            row_of_tiles(g.mr, ind + "  ")
-            lines.append(f"{ind}}}")
-        if ei_rem:
-            lines.append(f"{ind}{{ const int64_t it_ = {ei_full};")
-            row_of_tiles(ei_rem, ind + "  ")
-            lines.append(f"{ind}}}")
+        # columns outside rows keeps one b panel (reduction x nr) in cache across the row tiles
+        nest("ji" if g.cols_outer else "ij", {}, ind)
         self._close_loops(lines, depth)
         return ["  {"] + lines + ["  }"]
 

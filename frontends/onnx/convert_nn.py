@@ -45,7 +45,7 @@ def convert_matmul(cx, node, ins):
 def convert_gemm(cx, node, ins):
     # Y = alpha * op(A) @ op(B) + beta * C
     a, b, c = (list(ins) + [None])[:3]
-    attr = lambda k, d: cx.attr(node, k, d)  # noqa: E731
+    attr = lambda k, d: cx.attr(node, k, d)
     if attr("transA", 0):
         a = cx.b.op(mv.Transpose, a, perm=(1, 0))
     if attr("transB", 0) and cx.b.value_of(b) is None:
@@ -113,7 +113,7 @@ def _conv_attrs(cx, node, x, w) -> dict:
     strides = _ints(cx.attr(node, "strides"), (1,) * nsp)
     dil = _ints(cx.attr(node, "dilations"), (1,) * nsp)
     pads = resolve_pads(cx, node, x.shape[2:], kernel, strides, dil)
-    return dict(strides=strides, dilations=dil, pads=pads, group=int(cx.attr(node, "group", 1)))
+    return {"strides": strides, "dilations": dil, "pads": pads, "group": int(cx.attr(node, "group", 1))}
 
 
 @converter("Conv")

@@ -73,7 +73,6 @@ def _pool_windows(x, attrs):
 def _pool_ref(ins, attrs):
     x = ins[0]
     mode = attrs["mode"]
-    acc_dt = np.float64 if x.dtype.kind == "f" else np.float64
     if mode == "max":
         best = idx = None
         for vals, inside, _, flat in _pool_windows(x, attrs):
@@ -91,7 +90,7 @@ def _pool_ref(ins, attrs):
         return outs + [idx.astype(np.int64)] if attrs["indices"] else outs
     total = count = 0
     for vals, inside, padded, _ in _pool_windows(x, attrs):
-        v = vals.astype(acc_dt)
+        v = vals.astype(np.float64)
         if mode == "lp":
             v = np.abs(v) ** attrs["p"]
         total = total + np.where(inside, v, 0)

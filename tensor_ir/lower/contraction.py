@@ -13,7 +13,7 @@ from ...graph_ir import ops
 from ...graph_ir.ops.contraction import einsum_dims, parse_einsum
 from ...graph_ir.ops.nn import compute_dtype
 from ..expr import INDEX, B, Const, R, Reduce, binary, cast, const, select
-from ..kernel import Buffer, Stage, compute, reduce_vars
+from ..kernel import Buffer, Stage, compute, reduce_vars, scatter
 from .elementwise import broadcast_index
 from .registry import LowerCtx, lowering
 
@@ -114,13 +114,6 @@ def _pitches(dims) -> list[int]:
     return [_prod(dims[i + 1:]) for i in range(len(dims))]
 
 
-def _unflatten(p, dims) -> list:
-    """Row-major coordinates of the flat index ``p`` over ``dims``."""
-    pitch = _pitches(dims)
-    return [binary(B.MOD, binary(B.FLOORDIV, p, pitch[i]), dims[i]) if i else
-            binary(B.FLOORDIV, p, pitch[i]) for i in range(len(dims))]
-
-
 def _inside(pos, dims):
     return _all([binary(B.AND, binary(B.GE, q, 0), binary(B.LT, q, n)) for q, n in zip(pos, dims)])
 
@@ -154,14 +147,12 @@ def _conv_direct(ctx: LowerCtx):
     if not any(pads) and length == _prod(sp):
         flat = view(ctx, x, x.shape[:2] + (length,))
     else:
+        # zero everything, then copy the input rows into place (no index division)
         flat = ctx.temp(x.shape[:2] + (length,), x.dtype)
-
-        def fill(b, ch, q):
-            pos = [binary(B.SUB, v, pads[i]) for i, v in enumerate(_unflatten(q, padded))]
-            ok = _all([binary(B.LT, q, _prod(padded)), _inside(pos, sp)])
-            return select(ok, x[(b, ch, *pos)], const(0, x.dtype))
-
-        stages.append(compute(flat, fill))
+        stages += [compute(flat, lambda *v: const(0, x.dtype)),
+                   scatter(flat, x.shape, lambda b, ch, *q: (b, ch, sum(
+                       ((q[i] + pads[i]) * pitch[i] for i in range(nsp)), Const(0, INDEX))),
+                       lambda *v: x[v])]
     in_place = p_ext == _prod(out.shape[2:]) and pitch == _pitches(out.shape[2:]) \
         and acc is out.dtype
     ext = view(ctx, out, (n, m, p_ext)) if in_place else ctx.temp((n, m, p_ext), acc)

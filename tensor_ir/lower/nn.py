@@ -191,16 +191,16 @@ def lower_normalize(ctx: LowerCtx):
 
         stages.append(compute(var, variance))
         if mode == "std":
-            inv_fn = lambda *v: unary(U.RSQRT, var[v] + const(eps, cdt))  # noqa: E731
+            inv_fn = lambda *v: unary(U.RSQRT, var[v] + const(eps, cdt))
         else:
-            inv_fn = lambda *v: unary(U.RECIP, unary(U.SQRT, var[v]) + const(eps, cdt))  # noqa: E731
+            inv_fn = lambda *v: unary(U.RECIP, unary(U.SQRT, var[v]) + const(eps, cdt))
     elif mode == "rms":
-        inv_fn = lambda *v: unary(U.RSQRT, _reduce_axes(x, axes, v, lambda e: e * e, cdt) * inv_n  # noqa: E731
+        inv_fn = lambda *v: unary(U.RSQRT, _reduce_axes(x, axes, v, lambda e: e * e, cdt) * inv_n
                                   + const(eps, cdt))
     elif mode == "l2":
-        inv_fn = lambda *v: unary(U.RSQRT, _reduce_axes(x, axes, v, lambda e: e * e, cdt))  # noqa: E731
+        inv_fn = lambda *v: unary(U.RSQRT, _reduce_axes(x, axes, v, lambda e: e * e, cdt))
     else:
-        inv_fn = lambda *v: unary(U.RECIP, _reduce_axes(x, axes, v, lambda e: unary(U.ABS, e), cdt))  # noqa: E731
+        inv_fn = lambda *v: unary(U.RECIP, _reduce_axes(x, axes, v, lambda e: unary(U.ABS, e), cdt))
     inv = ctx.temp(kept, cdt)
     stages.append(compute(inv, inv_fn))
 
@@ -241,7 +241,7 @@ def lower_softmax(ctx: LowerCtx):
     cdt = compute_dtype(x.dtype)
     mx = ctx.temp(kept, cdt)
     stages = [compute(mx, lambda *v: along(v, lambda e: cast(e, cdt), R.MAX, cdt))]
-    shifted = lambda v: cast(x[v], cdt) - mx[broadcast_index(mx, v)]  # noqa: E731
+    shifted = lambda v: cast(x[v], cdt) - mx[broadcast_index(mx, v)]
     tot = ctx.temp(kept, cdt)
     if mode == "log":
         def log_total(*v):
