@@ -37,6 +37,32 @@ class Buffer:
 
 
 @dataclass(frozen=True)
+class PermutedBuffer(Buffer):
+    """A buffer seen with its dims permuted: logical dim k is physical dim ``perm[k]``.
+
+    Indexing takes logical indices and loads physical ones; ``compute`` into it iterates the
+    physical layout. Lowerings written for one layout (NCHW) thus run on another (NHWC)."""
+
+    perm: tuple[int, ...] = ()
+    physical: tuple[int, ...] = ()
+
+    @staticmethod
+    def of(buf: Buffer, perm: tuple[int, ...]) -> PermutedBuffer:
+        logical = tuple(buf.shape[p] for p in perm)
+        return PermutedBuffer(buf.name, logical, buf.dtype, tuple(perm), tuple(buf.shape))
+
+    def __getitem__(self, index) -> Expr:
+        from .expr import Load
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) != len(self.shape):
+            raise IndexError(f"buffer {self.name} has rank {len(self.shape)}, indexed with {len(index)}")
+        phys: list = [None] * len(index)
+        for k, ix in enumerate(index):
+            phys[self.perm[k]] = as_expr(ix)
+        return Load(self.name, tuple(phys), self.dtype)
+
+
+@dataclass(frozen=True)
 class Stage:
     out: str
     vars: tuple[Var, ...]
@@ -77,12 +103,15 @@ def domain_vars(shape: tuple[int, ...], prefix: str = "i") -> tuple[Var, ...]:
 
 
 def compute(out: Buffer, fn: Callable[..., Expr]) -> Stage:
-    """``out[i0, i1, ...] = fn(i0, i1, ...)`` as a stage."""
-    vs = domain_vars(out.shape)
-    body = as_expr(fn(*vs), out.dtype)
+    """``out[i0, i1, ...] = fn(i0, i1, ...)`` as a stage (over the physical layout when ``out``
+    is a PermutedBuffer; ``fn`` still gets logical indices)."""
+    physical = out.physical if isinstance(out, PermutedBuffer) else tuple(out.shape)
+    vs = domain_vars(physical)
+    logical = tuple(vs[p] for p in out.perm) if isinstance(out, PermutedBuffer) else vs
+    body = as_expr(fn(*logical), out.dtype)
     if body.dtype is not out.dtype:
         raise TypeError(f"stage for {out.name}: body has dtype {body.dtype.name}, buffer {out.dtype.name}")
-    return Stage(out.name, vs, tuple(out.shape), body)
+    return Stage(out.name, vs, physical, body)
 
 
 def scatter(out: Buffer, extents: tuple[int, ...], index_fn: Callable[..., tuple],

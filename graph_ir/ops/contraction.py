@@ -89,9 +89,43 @@ def _conv_ref(ins, attrs):
     return [out.astype(x.dtype)]
 
 
-Conv = define("Conv", Kind.CONTRACTION, _conv_shape, same_dtype(), _conv_ref,
-              strides=REQUIRED, pads=REQUIRED, dilations=REQUIRED, group=1,
-              doc="N-d grouped convolution (cross-correlation) with explicit zero padding.")
+# Channels-last (layout="NHWC", 2-D): x is NHWC, the weight HWIO ([KH, KW, C/group, M]) and the
+# output NHWC. Same semantics: the rules below view the operands as NCHW / OIHW.
+TO_NCHW, TO_NHWC, HWIO_TO_OIHW = (0, 3, 1, 2), (0, 2, 3, 1), (3, 2, 0, 1)
+
+
+def _nchw_shapes(ins, attrs):
+    x, w = tuple(ins[0].shape), tuple(ins[1].shape)
+    if attrs.get("layout", "NCHW") != "NHWC":
+        return x, w
+    if len(x) != 4:
+        raise ValueError(f"Conv: layout NHWC needs 2-D convolutions, got input rank {len(x)}")
+    return tuple(x[p] for p in TO_NCHW), tuple(w[p] for p in HWIO_TO_OIHW)
+
+
+class _Shape:
+    def __init__(self, shape):
+        self.shape = shape
+
+
+def _conv_shape_any(ins, attrs):
+    x, w = _nchw_shapes(ins, attrs)
+    (out,) = _conv_shape([_Shape(x), _Shape(w)], attrs)
+    return [tuple(out[p] for p in TO_NHWC)] if attrs["layout"] == "NHWC" else [out]
+
+
+def _conv_ref_any(ins, attrs):
+    if attrs["layout"] != "NHWC":
+        return _conv_ref(ins, attrs)
+    x, w, *rest = ins
+    (out,) = _conv_ref([x.transpose(TO_NCHW), w.transpose(HWIO_TO_OIHW), *rest], attrs)
+    return [np.ascontiguousarray(out.transpose(TO_NHWC))]
+
+
+Conv = define("Conv", Kind.CONTRACTION, _conv_shape_any, same_dtype(), _conv_ref_any,
+              strides=REQUIRED, pads=REQUIRED, dilations=REQUIRED, group=1, layout="NCHW",
+              doc="N-d grouped convolution (cross-correlation) with explicit zero padding; "
+                  "layout NHWC (2-D) takes NHWC data and HWIO weights.")
 
 
 def _convt_shape(ins, attrs):

@@ -102,10 +102,32 @@ def _pool_ref(ins, attrs):
     return [np.asarray(out, dtype=x.dtype)]
 
 
-Pool = define("Pool", Kind.OPAQUE, _pool_shape, _pool_dtypes, _pool_ref,
+def _pool_shape_any(ins, attrs):
+    if attrs["layout"] != "NHWC":
+        return _pool_shape(ins, attrs)
+    if attrs["indices"] or len(ins[0].shape) != 4:
+        raise ValueError("Pool: layout NHWC is for 2-D pools without the indices output")
+    x = ins[0].shape
+    (out,) = _pool_shape([_Typed((x[0], x[3], x[1], x[2]))], attrs)
+    return [(out[0], out[2], out[3], out[1])]
+
+
+class _Typed:
+    def __init__(self, shape):
+        self.shape = shape
+
+
+def _pool_ref_any(ins, attrs):
+    if attrs["layout"] != "NHWC":
+        return _pool_ref(ins, attrs)
+    (out,) = _pool_ref([ins[0].transpose(0, 3, 1, 2)], attrs)
+    return [np.ascontiguousarray(out.transpose(0, 2, 3, 1))]
+
+
+Pool = define("Pool", Kind.OPAQUE, _pool_shape_any, _pool_dtypes, _pool_ref_any,
               mode=REQUIRED, kernel=REQUIRED, strides=REQUIRED, pads=REQUIRED,
               dilations=REQUIRED, ceil_mode=0, count_include_pad=0, p=2, indices=0,
-              storage_order=0,
+              storage_order=0, layout="NCHW",
               doc="N-d max / average / Lp pooling over NC<spatial>. Max with indices=1 also "
                   "returns the flat input index of each maximum (first on ties).")
 

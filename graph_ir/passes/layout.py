@@ -1,7 +1,7 @@
 """Layout planning: run 2-D convolutions and pools channels-last where the target prefers NHWC.
 
 Each NCHW Conv / Pool becomes ``to_nchw(Op[layout=NHWC](to_nhwc(x)))`` with the weight re-laid
-out once at compile time (OHWI). Then transposes sink through the graph: elementwise ops move
+out once at compile time (HWIO: output channels innermost, as the micro-kernel reads them). Then transposes sink through the graph: elementwise ops move
 below them (constant operands are re-laid out), reductions and concatenations remap their axes,
 and a transpose meeting its inverse cancels (``simplify``'s transpose rule), so layout changes
 remain only at the graph's edges. The user-visible input and output layouts never change.
@@ -30,12 +30,15 @@ def to_channels_last(node: Node, rw: Rewriter) -> Value | None:
     x = node.inputs[0]
     if len(x.shape) != 4 or node.attrs.get("layout", "NCHW") != "NCHW" or len(node.outputs) != 1:
         return None
+    if node.op.name == "Pool" and (node.attrs["mode"] not in ("max", "avg")
+                                   or node.attrs["indices"] or node.attrs["storage_order"]):
+        return None
     ins = [rw.emit("Transpose", [x], node.name + "_nhwc", perm=TO_NHWC)]
     if node.op.name == "Conv":
         w = rw.const(node.inputs[1])
         if w is None:
             return None
-        ins.append(rw.new_const(np.ascontiguousarray(w.transpose(0, 2, 3, 1)), node.name + "_ohwi",
+        ins.append(rw.new_const(np.ascontiguousarray(w.transpose(2, 3, 1, 0)), node.name + "_hwio",
                                 node.inputs[1]))
         ins += list(node.inputs[2:])
     y = rw.emit(node.op.name, ins, node.name, **dict(node.attrs, layout="NHWC"))

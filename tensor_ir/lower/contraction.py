@@ -15,6 +15,7 @@ from ...graph_ir.ops.nn import compute_dtype
 from ..expr import INDEX, B, Const, R, Reduce, binary, cast, const, select
 from ..kernel import Buffer, Stage, compute, reduce_vars, scatter
 from .elementwise import broadcast_index
+from .layout import lower_conv_nhwc
 from .registry import LowerCtx, lowering
 
 
@@ -120,6 +121,8 @@ def _inside(pos, dims):
 
 @lowering(ops.contraction.Conv)
 def lower_conv(ctx: LowerCtx):
+    if ctx.attr("layout") == "NHWC":
+        return lower_conv_nhwc(ctx)
     if all(s == 1 for s in ctx.attr("strides")):
         return _conv_direct(ctx)
     return _conv_im2col(ctx)

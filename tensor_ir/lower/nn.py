@@ -14,6 +14,7 @@ from ...graph_ir.types import DType
 from ..expr import INDEX, B, Expr, R, Reduce, U, binary, cast, const, maximum, select, unary
 from ..kernel import Buffer, compute, reduce_vars
 from .elementwise import broadcast_index
+from .layout import lower_pool_nhwc
 from .registry import LowerCtx, lowering
 
 
@@ -59,6 +60,12 @@ def _window(ctx: LowerCtx, x: Buffer, o, ks):
 
 @lowering(ops.nn.Pool)
 def lower_pool(ctx: LowerCtx):
+    if ctx.attr("layout") == "NHWC":
+        return lower_pool_nhwc(ctx, _lower_pool_nchw)
+    return _lower_pool_nchw(ctx)
+
+
+def _lower_pool_nchw(ctx: LowerCtx):
     x, out = ctx.ins[0], ctx.out
     mode = ctx.attr("mode")
     kernel = ctx.attr("kernel")

@@ -1,0 +1,80 @@
+"""Layout planning: channels-last convolutions and pools for targets that prefer NHWC."""
+import numpy as np
+import pytest
+from onnx import helper
+
+import deploy
+from deploy.graph_ir.passes.layout import layout
+from deploy.targets import load_target
+from tests.graphs import builder, f32, ops_of, same_outputs
+from tests.util import check_against_ort, make_model
+
+NHWC_YAML = """name: cpu-nhwc
+kind: cpu
+vendor: generic
+backend: c
+arch: native
+preferred_layout: NHWC
+cc_flags: [-march=native]
+"""
+
+
+@pytest.fixture(scope="module")
+def nhwc(tmp_path_factory):
+    path = tmp_path_factory.mktemp("targets") / "cpu-nhwc.yaml"
+    path.write_text(NHWC_YAML)
+    return str(path)
+
+
+def _conv(b, x, cin, cout, rng, **attrs):
+    w = b.const(rng.standard_normal((cout, cin, 3, 3)).astype(np.float32))
+    return b.op("Conv", x, w, pads=(1, 1, 1, 1), strides=(1, 1), dilations=(1, 1), **attrs)
+
+
+def test_transposes_cancel_between_ops_and_stay_at_the_edge(nhwc):
+    rng = np.random.default_rng(0)
+    b = builder()
+    x = b.input("x", f32(1, 3, 8, 8))
+    h = b.op("Relu", b.op("Add", _conv(b, x, 3, 4, rng), b.const(np.ones((4, 1, 1), np.float32))))
+    p = b.op("Pool", h, mode="max", kernel=(2, 2), strides=(2, 2), pads=(0, 0, 0, 0),
+             dilations=(1, 1))
+    y = b.op("ReduceMean", _conv(b, p, 4, 4, rng), axes=(2, 3), keepdims=0)
+    g = b.finish([y])
+    out = layout(g, load_target(nhwc))
+    assert ops_of(out).count("Transpose") == 1  # the input edge only: every other pair cancelled
+    assert all(n.attrs["layout"] == "NHWC" for n in out.nodes if n.op.name in ("Conv", "Pool"))
+    assert out.outputs[0].shape == (1, 4)  # the user-visible layout is unchanged
+    same_outputs(g, out)
+
+
+def test_nchw_targets_are_untouched():
+    b = builder()
+    x = b.input("x", f32(1, 3, 8, 8))
+    y = _conv(b, x, 3, 4, np.random.default_rng(1))
+    g = b.finish([y])
+    assert layout(g, load_target("host")) is g
+
+
+def test_channels_last_cnn_matches_ort(nhwc):
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "Wd"], ["dw"], pads=[1, 1, 1, 1], group=8),
+             helper.make_node("Add", ["dw", "r1"], ["res"]),
+             helper.make_node("MaxPool", ["res"], ["mp"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                              strides=[2, 2]),
+             helper.make_node("AveragePool", ["res"], ["ap"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Concat", ["mp", "ap"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "W2", "B2"], ["c2"], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["c2"], ["gap"]),
+             helper.make_node("Flatten", ["gap"], ["y"])]
+    inits = {"W1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+             "Wd": rng.standard_normal((8, 1, 3, 3)).astype(np.float32),
+             "W2": rng.standard_normal((16, 16, 1, 1)).astype(np.float32),
+             "B2": rng.standard_normal(16).astype(np.float32)}
+    model = make_model(nodes, [("x", np.float32, [2, 3, 12, 12])], [("y", np.float32, [2, 16])],
+                       inits)
+    x = rng.standard_normal((2, 3, 12, 12)).astype(np.float32)
+    check_against_ort(model, {"x": x}, rtol=1e-4, atol=1e-4, target=nhwc)
+    passes = {p["pass"]: p for p in deploy.compile(model, target=nhwc).manifest["passes"]}
+    assert "layout" in passes
