@@ -171,17 +171,24 @@ def _target_arg(p) -> None:
                    help="target name (see `deploy targets`) or path to a YAML file (default: host)")
 
 
-def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
-    """``["x=1x3x224x224", "y=4,8"]`` -> ``{"x": (1, 3, 224, 224), "y": (4, 8)}``."""
-    shapes = {}
+def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]] | list[dict]:
+    """``["x=1x3x224x224", "y=4,8"]`` -> ``{"x": (1, 3, 224, 224), "y": (4, 8)}``. A name given
+    several times asks for shape variants: one dict per occurrence (``x=1x16 x=8x16`` -> two)."""
+    occurrences: dict[str, list[tuple[int, ...]]] = {}
     for spec in specs:
         name, sep, dims = spec.partition("=")
         parts = [d for d in dims.replace(",", "x").split("x") if d.strip()] if dims else []
         if not sep or not name or not all(d.strip().isdigit() for d in parts):
             raise UsageError(f"--shape {spec!r}: expected NAME=DIMS with DIMS like 1x3x224x224 "
                              "(non-negative integers separated by 'x' or ',')")
-        shapes[name] = tuple(int(d) for d in parts)
-    return shapes
+        occurrences.setdefault(name, []).append(tuple(int(d) for d in parts))
+    counts = {len(v) for v in occurrences.values()} - {1}
+    if len(counts) > 1:
+        raise UsageError("--shape: inputs given several times must all be given the same number "
+                         f"of times (one per variant); got {dict((k, len(v)) for k, v in occurrences.items())}")
+    n = counts.pop() if counts else 1
+    variants = [{k: v[min(i, len(v) - 1)] for k, v in occurrences.items()} for i in range(n)]
+    return variants[0] if n == 1 else variants
 
 
 # ---- compile / check / tune -----------------------------------------------------------------

@@ -28,6 +28,7 @@ from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
 from .backends.c.tune import tune_kernels
 from .tensor_ir.fuse import lower_fused
+from .variants import expand_shape_specs, merge_variants
 from .tensor_ir.tuning_db import TuningDB
 from .tensor_ir.memory import MemoryPlan, plan_memory
 from .tensor_ir.lower import LOWERINGS, lower_node
@@ -81,7 +82,17 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
             tune: str = "none", example_inputs=None, dynamic_shapes=None,
             tuning_db: str | None = None, budget=None, **options) -> Artifact:
     """Compile ``model`` (path to .onnx/.pt2, onnx.ModelProto, ExportedProgram, or an nn.Module
-    with ``example_inputs`` and optional ``dynamic_shapes``, exported for the caller)."""
+    with ``example_inputs`` and optional ``dynamic_shapes``, exported for the caller). ``shapes``
+    binds input shapes; a list of several shape dicts compiles one artifact with a variant per
+    entry (see ``variants.py``)."""
+    variants = expand_shape_specs(shapes)
+    if variants is not None:
+        if load_target(target).kind != "cpu":
+            raise NotImplementedYetError("shape variants are supported for CPU targets only")
+        arts = [compile(model, target, s, dump_dir, constant_inputs, tune, example_inputs,
+                        dynamic_shapes, tuning_db, budget, **options) for s in variants]
+        manifest, members = merge_variants(arts)
+        return Artifact(manifest, members, arts[0].graph, arts[0].timings)
     timings: dict[str, float] = {}
     clock = time.perf_counter()
 

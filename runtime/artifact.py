@@ -48,7 +48,11 @@ class ArtifactContents:
     members: dict[str, bytes]
 
     def array(self, name: str) -> np.ndarray:
-        return np.load(io.BytesIO(self.members[name]), allow_pickle=False)
+        """A weight array (read once; variants of one artifact share it)."""
+        cache = self.__dict__.setdefault("_arrays", {})
+        if name not in cache:
+            cache[name] = np.load(io.BytesIO(self.members[name]), allow_pickle=False)
+        return cache[name]
 
 
 def read_artifact(path) -> ArtifactContents:

@@ -35,12 +35,16 @@ def _lib_dir() -> Path:
 class Module:
     """``deploy.load(path)`` returns one of these."""
 
-    def __init__(self, path, contents=None):
+    def __init__(self, path, contents=None, manifest: dict | None = None):
         contents = contents or read_artifact(path)
         self.path = str(path)
-        self.manifest = m = contents.manifest
+        self.manifest = m = manifest or contents.manifest
         self.input_specs = [TensorSpec.from_json(d) for d in m["inputs"]]
         self.output_specs = [TensorSpec.from_json(d) for d in m["outputs"]]
+        # an artifact of shape variants runs the variant matching the inputs (variants.py)
+        self._variants = [Module(path, contents, v) for v in m.get("variants", [])]
+        if self._variants:
+            return
         self.values = {int(k): (storage_dtype(v["dtype"]), tuple(v["shape"]))
                        for k, v in m["values"].items()}
         self.constants = {int(k): contents.array(name) for k, name in m["constants"].items()}
@@ -56,7 +60,7 @@ class Module:
 
     def _load_library(self, contents) -> ctypes.CDLL:
         name = self.manifest["library"]
-        digest = self.manifest["members"][name][:16]
+        digest = contents.manifest["members"][name][:16]  # the artifact's (variants share it)
         path = _lib_dir() / f"{digest}.so"
         if not path.exists():
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -77,6 +81,8 @@ class Module:
     # ---- running ------------------------------------------------------------------------
     def run(self, inputs) -> list[np.ndarray]:
         """Run on ``inputs`` (dict name -> array, or list in input order); outputs in order."""
+        if self._variants:
+            return self._variant_for(inputs).run(inputs)
         arrays = validate_inputs(self.input_specs, inputs)
         env: dict[int, np.ndarray] = dict(self.constants)
         arena = np.empty(self._arena_bytes, np.uint8) if self._arena_bytes else None
@@ -88,6 +94,19 @@ class Module:
         outs = [env[vid] if vid in owned else env[vid].copy() for vid in self.manifest["output_ids"]]
         return [o.view(user_dtype(spec.dtype)) if spec.dtype == "bfloat16" else o
                 for o, spec in zip(outs, self.output_specs)]
+
+    def _variant_for(self, inputs) -> Module:
+        given = inputs if isinstance(inputs, dict) else dict(zip((s.name for s in self.input_specs),
+                                                                inputs))
+        shapes = {k: tuple(np.shape(v)) for k, v in given.items()}
+        for v in self._variants:
+            if all(shapes.get(s.name) == tuple(s.shape) for s in v.input_specs):
+                return v
+        accepted = "; ".join(", ".join(f"{s.name}={'x'.join(map(str, s.shape))}"
+                                       for s in v.input_specs) for v in self._variants)
+        got = ", ".join(f"{k}={'x'.join(map(str, s))}" for k, s in shapes.items())
+        raise InputError(f"no compiled variant for input shapes {got}; this artifact accepts: "
+                         f"{accepted} (recompile with another --shape to add one)")
 
     def _alloc(self, vid: int, arena) -> np.ndarray:
         dtype, shape = self.values[vid]
