@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (imports register the converters)
     convert_quant,
     convert_reduction,
     convert_sampling,
+    convert_sequence,
     convert_rnn,
     convert_signal,
 )

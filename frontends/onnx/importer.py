@@ -92,6 +92,7 @@ def import_onnx(model, shapes: dict[str, tuple] | None = None,
     env = _bind_inputs(cx, proto.graph, shapes or {}, constant_inputs or {}, bound)
     outputs = convert_graph(cx, proto.graph, env)
     names = [o.name for o in proto.graph.output]
+    _check_tensor_outputs(proto.graph, outputs)
     return cx.b.finish(outputs, names), {"opset": cx.opset, "bound_dims": bound}
 
 
@@ -115,6 +116,18 @@ def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> lis
             if name:
                 env[name] = v
     return [env[o.name] for o in g.output]
+
+
+def _check_tensor_outputs(g: onnx.GraphProto, outputs: list) -> None:
+    """Sequences (lists of Values) and empty optionals (None) exist only at import time."""
+    for vi, v in zip(g.output, outputs):
+        if isinstance(v, list) or vi.type.HasField("sequence_type"):
+            raise ModelError(f"output '{vi.name}' is a sequence; only tensor outputs are supported "
+                             "(sequences are resolved at import, so runtime sequences cannot "
+                             "leave the model)")
+        if v is None:
+            raise ModelError(f"output '{vi.name}' is an empty optional; only tensor outputs are "
+                             "supported")
 
 
 def _to_array(t: onnx.TensorProto) -> np.ndarray:
@@ -143,7 +156,10 @@ def _bind_inputs(cx: OnnxCtx, g: onnx.GraphProto, shapes, const_inputs, bound) -
 def _input_type(vi: onnx.ValueInfoProto, override, bound: dict) -> TensorType:
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
-        raise ModelError(f"input '{vi.name}': only tensor inputs are supported")
+        kind = vi.type.WhichOneof("value") or "untyped"
+        raise ModelError(f"input '{vi.name}' is {kind.replace('_type', '')}-typed; only tensor "
+                         "inputs are supported (sequences and optionals are resolved at import, "
+                         "so build them inside the model)")
     try:
         dtype = DType.from_onnx(tt.elem_type)
     except TypeError as e:

@@ -1,0 +1,138 @@
+"""ONNX sequence ops (resolved at import: a sequence is a list of graph values), checked through
+the whole compiler against ONNX Runtime on small random inputs; plus the errors for sequences
+that would have to exist at run time."""
+import numpy as np
+import pytest
+from deploy.errors import ModelError
+from deploy.frontends.onnx import NeedsConstant
+from onnx import TensorProto, helper
+
+from tests.util import check_against_ort, make_model, run_deploy
+
+F32 = np.float32
+RNG = np.random.default_rng(11)
+
+
+def _rand(*shape):
+    return RNG.standard_normal(shape).astype(F32)
+
+
+def _i64(v):
+    return np.array(v, np.int64)
+
+
+def test_insert_erase_at_length_concat():
+    nodes = [
+        helper.make_node("SequenceEmpty", [], ["s0"], dtype=TensorProto.FLOAT),
+        helper.make_node("SequenceInsert", ["s0", "X"], ["s1"]),
+        helper.make_node("SequenceInsert", ["s1", "Y"], ["s2"]),
+        helper.make_node("SequenceInsert", ["s2", "Z", "front"], ["s3"]),   # Z X Y
+        helper.make_node("SequenceInsert", ["s3", "Y", "neg1"], ["s4"]),    # Z X Y Y
+        helper.make_node("SequenceErase", ["s4", "one"], ["s5"]),           # Z Y Y
+        helper.make_node("SequenceErase", ["s5"], ["s6"]),                  # Z Y
+        helper.make_node("SequenceAt", ["s6", "neg1"], ["at"]),
+        helper.make_node("SequenceLength", ["s5"], ["len"]),
+        helper.make_node("ConcatFromSequence", ["s6"], ["cat"], axis=0),
+        helper.make_node("ConcatFromSequence", ["s5"], ["stk"], axis=-1, new_axis=1),
+    ]
+    x, y, z = _rand(2, 3), _rand(2, 3), _rand(2, 3)
+    model = make_model(nodes, [("X", F32, x.shape), ("Y", F32, y.shape), ("Z", F32, z.shape)],
+                       [("at", F32, None), ("len", np.int64, None), ("cat", F32, None),
+                        ("stk", F32, None)],
+                       initializers={"front": _i64(0), "neg1": _i64(-1), "one": _i64(1)})
+    check_against_ort(model, {"X": x, "Y": y, "Z": z})
+
+
+@pytest.mark.parametrize("split,attrs", [
+    (None, {"axis": 1, "keepdims": 0}),
+    (None, {"axis": -1}),
+    (_i64(2), {"axis": 1}),            # chunks of 2, the last one shorter
+    (_i64([1, 4]), {"axis": 1}),
+])
+def test_split_to_sequence(split, attrs):
+    x = _rand(2, 5, 3)
+    ins = ["X"] + (["split"] if split is not None else [])
+    nodes = [helper.make_node("SplitToSequence", ins, ["s"], **attrs),
+             helper.make_node("SequenceAt", ["s", "last"], ["at"]),
+             helper.make_node("SequenceLength", ["s"], ["len"]),
+             helper.make_node("ConcatFromSequence", ["s"], ["cat"], axis=0, new_axis=1)]
+    if split is not None and split.ndim == 1:  # equal shapes needed to stack; concat instead
+        nodes[-1] = helper.make_node("ConcatFromSequence", ["s"], ["cat"], axis=1)
+    if split is not None and split.ndim == 0:
+        nodes[-1] = helper.make_node("ConcatFromSequence", ["s"], ["cat"], axis=-2)
+    inits = {"last": _i64(-1)} | ({"split": split} if split is not None else {})
+    model = make_model(nodes, [("X", F32, x.shape)],
+                       [("at", F32, None), ("len", np.int64, None), ("cat", F32, None)],
+                       initializers=inits)
+    check_against_ort(model, {"X": x})
+
+
+def test_sequence_map_with_tensor_and_sequence_inputs():
+    body = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Mul", ["s", "t"], ["o"])],
+        "body",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("t", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("SequenceConstruct", ["X", "Y"], ["sa"]),
+             helper.make_node("SequenceConstruct", ["Y", "X"], ["sb"]),
+             helper.make_node("SequenceMap", ["sa", "sb", "T"], ["so"], body=body),
+             helper.make_node("ConcatFromSequence", ["so"], ["out"], axis=0)]
+    x, y, t = _rand(2, 4), _rand(2, 4), _rand(4)
+    model = make_model(nodes, [("X", F32, x.shape), ("Y", F32, y.shape), ("T", F32, t.shape)],
+                       [("out", F32, None)])
+    check_against_ort(model, {"X": x, "Y": y, "T": t})
+
+
+def test_loop_carries_a_sequence():
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Cast", ["i"], ["fi"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["X", "fi"], ["xi"]),
+         helper.make_node("SequenceInsert", ["seq_in", "xi"], ["seq_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_sequence_value_info("seq_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_sequence_value_info("seq_out", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("SequenceEmpty", [], ["s0"]),
+             helper.make_node("Loop", ["M", "", "s0"], ["s"], body=body),
+             helper.make_node("ConcatFromSequence", ["s"], ["out"], axis=1, new_axis=1)]
+    x = _rand(3, 2)
+    model = make_model(nodes, [("X", F32, x.shape)], [("out", F32, None)],
+                       initializers={"M": _i64(4)})
+    check_against_ort(model, {"X": x})
+
+
+def test_sequence_output_is_an_error_naming_it():
+    model = make_model([helper.make_node("SplitToSequence", ["X"], ["parts"])],
+                       [("X", F32, (2, 3))],
+                       [helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None)])
+    with pytest.raises(ModelError, match="output 'parts' is a sequence"):
+        run_deploy(model, {"X": _rand(2, 3)})
+
+
+def test_sequence_input_is_an_error():
+    model = make_model([helper.make_node("SequenceAt", ["S", "k"], ["y"])],
+                       [helper.make_tensor_sequence_value_info("S", TensorProto.FLOAT, None)],
+                       [("y", F32, None)], initializers={"k": _i64(0)})
+    with pytest.raises(ModelError, match="input 'S' is sequence-typed"):
+        run_deploy(model, {})
+
+
+def test_runtime_position_needs_a_constant():
+    nodes = [helper.make_node("SequenceConstruct", ["X", "X"], ["s"]),
+             helper.make_node("SequenceAt", ["s", "k"], ["y"])]
+    model = make_model(nodes, [("X", F32, (2,)), ("k", np.int64, ())], [("y", F32, None)])
+    with pytest.raises(NeedsConstant, match="SequenceAt's position"):
+        run_deploy(model, {"X": _rand(2), "k": _i64(1)})
+
+
+def test_out_of_range_position_is_a_model_error():
+    nodes = [helper.make_node("SequenceConstruct", ["X", "X"], ["s"]),
+             helper.make_node("SequenceAt", ["s", "k"], ["y"], name="at")]
+    model = make_model(nodes, [("X", F32, (2,))], [("y", F32, None)], initializers={"k": _i64(2)})
+    with pytest.raises(ModelError, match=r"node 'at' \(SequenceAt.*position 2 is out of range"):
+        run_deploy(model, {"X": _rand(2)})
