@@ -88,6 +88,8 @@ def convert_loop(cx, node, ins):
         running = None
     if running is not None and n_scan:
         cx.const_of(cond, "Loop's initial condition (the loop has scan outputs)")
+    if running is not None and any(isinstance(v, list) for v in carried):
+        cx.const_of(cond, "Loop's initial condition (the loop carries a sequence)")
     if trips is None and running is not None:
         cx.const_of(cond, "Loop's condition (no trip count bounds the loop)")
     scans: list[list] = [[] for _ in range(n_scan)]
@@ -117,6 +119,8 @@ def convert_loop(cx, node, ins):
         if stop is None:
             if n_scan:
                 cx.const_of(c_out, "Loop's condition (the loop has scan outputs)")
+            if any(isinstance(v, list) for v in carried):  # sequences: no Where across lengths
+                cx.const_of(c_out, "Loop's condition (the loop carries a sequence)")
             c = scalar_bool(cx, c_out)
             running = c if running is None else cx.b.op(ew.And, running, c)
     return carried + [stack(cx, vals, 0) if vals else _empty_scan(cx, body, k)
