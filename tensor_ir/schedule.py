@@ -111,12 +111,12 @@ def _vars_in(e: Expr) -> set:
     return {x for x in walk(e) if isinstance(x, Var)}
 
 
-def _operand_ok(e: Expr) -> bool:
+def operand_ok(e: Expr) -> bool:
     # Load, Cast(Load), or Select(cond, Load, 0) (zero padding), nothing more expensive
     if isinstance(e, Cast):
-        return _operand_ok(e.x)
+        return operand_ok(e.x)
     if isinstance(e, Select):
-        return _operand_ok(e.a) and not any(isinstance(x, Load) for x in walk(e.b))
+        return operand_ok(e.a) and not any(isinstance(x, Load) for x in walk(e.b))
     return isinstance(e, Load)
 
 
@@ -137,7 +137,7 @@ def rule_gemm_tile(stage: Stage, mr: int = MR, nr: int = NR) -> StageSchedule | 
             or red.body.op is not B.MUL:
         return None
     x, y = red.body.a, red.body.b
-    if not (_operand_ok(x) and _operand_ok(y)):
+    if not (operand_ok(x) and operand_ok(y)):
         return None
     vx, vy = _vars_in(x), _vars_in(y)
     only_x = [k for k, v in enumerate(stage.vars) if v in vx and v not in vy]

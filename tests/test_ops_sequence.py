@@ -7,7 +7,7 @@ from deploy.errors import ModelError
 from deploy.frontends.onnx import NeedsConstant
 from onnx import TensorProto, helper
 
-from tests.util import check_against_ort, make_model, run_deploy
+from tests.util import check_against_ort, make_model, run_deploy, run_ort
 
 F32 = np.float32
 RNG = np.random.default_rng(11)
@@ -136,3 +136,30 @@ def test_out_of_range_position_is_a_model_error():
     model = make_model(nodes, [("X", F32, (2,))], [("y", F32, None)], initializers={"k": _i64(2)})
     with pytest.raises(ModelError, match=r"node 'at' \(SequenceAt.*position 2 is out of range"):
         run_deploy(model, {"X": _rand(2)})
+
+
+def test_loop_with_runtime_condition_carrying_a_sequence_specializes():
+    # the stop condition depends on X: the ONNX backend specializes X, then the loop unrolls
+    import deploy.onnx_backend as be
+    body = helper.make_graph(
+        [helper.make_node("ReduceSum", ["X"], ["sx"], keepdims=0),
+         helper.make_node("Cast", ["i"], ["fi"], to=TensorProto.FLOAT),
+         helper.make_node("Less", ["fi", "sx"], ["cond_out"]),
+         helper.make_node("SequenceInsert", ["seq_in", "X"], ["seq_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_sequence_value_info("seq_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_sequence_value_info("seq_out", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("SequenceEmpty", [], ["s0"]),
+             helper.make_node("Loop", ["M", "", "s0"], ["s"], body=body),
+             helper.make_node("SequenceLength", ["s"], ["n"]),
+             helper.make_node("ConcatFromSequence", ["s"], ["cat"], axis=0)]
+    model = make_model(nodes, [("X", F32, (3,))], [("n", np.int64, []), ("cat", F32, [None])],
+                       initializers={"M": _i64(6)})
+    rep = be.prepare(model)
+    for x in (np.full(3, 0.5, F32), np.full(3, 1.2, F32)):  # 2 and 4 iterations
+        ours, ref = rep.run([x]), run_ort(model, {"X": x})
+        assert int(ours[0]) == int(ref[0])
+        np.testing.assert_allclose(ours[1], ref[1])

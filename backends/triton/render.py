@@ -34,6 +34,7 @@ from ...tensor_ir.expr import (
     walk,
 )
 from ...tensor_ir.kernel import Kernel, Stage
+from ...tensor_ir.schedule import operand_ok
 from .config import GemmConfig, LaunchConfig, gemm_config, pointwise_config, reduction_config
 from .exprs import PRELUDE, PTR_TYPE, BufRef, Emitter, compute_dtype, tl_type
 
@@ -373,15 +374,6 @@ class Contraction:
     half: bool  # both operands are half-precision loads: tl.dot in fp16/bf16
 
 
-def _operand_ok(e: Expr) -> bool:
-    # Load, Cast(Load), or Select(cond, Load, 0) (zero padding), as schedule.rule_gemm_tile
-    if isinstance(e, Cast):
-        return _operand_ok(e.x)
-    if isinstance(e, Select):
-        return _operand_ok(e.a) and not any(isinstance(x, Load) for x in walk(e.b))
-    return isinstance(e, Load)
-
-
 def _half_of(e: Expr) -> DType | None:
     if isinstance(e, Cast) and e.dtype is DType.float32 and \
             e.x.dtype in (DType.float16, DType.bfloat16):
@@ -400,7 +392,7 @@ def contraction_of(st: Stage) -> Contraction | None:
             not isinstance(red.body, Binary) or red.body.op is not B.MUL:
         return None
     x, y = red.body.a, red.body.b
-    if not (_operand_ok(x) and _operand_ok(y)):
+    if not (operand_ok(x) and operand_ok(y)):
         return None
     vx = {v for v in walk(x) if isinstance(v, Var)}
     vy = {v for v in walk(y) if isinstance(v, Var)}
