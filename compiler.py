@@ -30,7 +30,7 @@ from .backends.c.tune import tune_kernels
 from .tensor_ir.fuse import lower_fused
 from .variants import expand_shape_specs, merge_variants
 from .tensor_ir.tuning_db import TuningDB
-from .tensor_ir.memory import MemoryPlan, plan_memory
+from .tensor_ir.memory import MemoryPlan, inplace_pairs, plan_memory
 from .tensor_ir.lower import LOWERINGS, lower_node
 from .tensor_ir.schedule import default_schedule
 
@@ -132,6 +132,7 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
         manifest.update(gpu, library=None)
     manifest["memory"] = {"arena_bytes": memory.arena_bytes,
                           "intermediate_bytes": memory.intermediate_bytes,
+                          "inplace": {str(k): v for k, v in sorted(memory.inplace.items())},
                           "offsets": {str(k): v for k, v in sorted(memory.offsets.items())}}
     for vid, arr in plan.constants.items():
         members[f"weights/{vid}.npy"] = array_bytes(arr)
@@ -226,7 +227,10 @@ def _plan_memory(graph: Graph, plan: Plan) -> MemoryPlan:
               for v, i in plan.ids.items()}
     outside = {plan.ids[v] for v in graph.inputs} | set(plan.constants) | \
         {plan.ids[v] for v in graph.outputs}
-    return plan_memory(plan.steps, nbytes, outside)
+    kernel_steps = [s for s in plan.steps if s["kind"] == "kernel"]
+    inplace = {step["outputs"][o]: step["inputs"][i] for step, k in zip(kernel_steps, plan.kernels)
+               for o, i in inplace_pairs(k).items()}
+    return plan_memory(plan.steps, nbytes, outside, inplace)
 
 
 def _lower(node: Node, name: str, constants: dict):

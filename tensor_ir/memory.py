@@ -7,7 +7,10 @@ Graph inputs, constants and graph outputs live outside the arena; views cost no 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .expr import Load, Reduce, walk
+from .kernel import Kernel, Stage
 
 ALIGN = 64
 
@@ -17,26 +20,61 @@ class MemoryPlan:
     offsets: dict[int, int]  # value id -> byte offset in the arena
     arena_bytes: int
     intermediate_bytes: int  # what one buffer per tensor would need
+    inplace: dict[int, int] = field(default_factory=dict)  # output id -> input id it overwrote
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def plan_memory(steps: list[dict], nbytes: dict[int, int | None], outside: set[int]) -> MemoryPlan:
+def inplace_pairs(kernel: Kernel) -> dict[int, int]:
+    """Output position -> input position the output may overwrite: a purely elementwise stage (no
+    reduction, no scatter) that writes the output and is the only place the input is read, each
+    point read exactly where it is written."""
+    pairs: dict[int, int] = {}
+    for o, out in enumerate(kernel.outputs):
+        writers = [st for st in kernel.stages if st.out == out.name]
+        if len(writers) != 1 or writers[0].store_index is not None or writers[0].accumulate:
+            continue
+        st = writers[0]
+        if st.extents != out.shape or any(isinstance(x, Reduce) for x in walk(st.body)):
+            continue
+        for i, inp in enumerate(kernel.inputs):
+            if i in pairs.values() or inp.shape != out.shape or inp.dtype is not out.dtype:
+                continue
+            if any(base == inp.name for _, base in kernel.aliases):
+                continue
+            loads = [x for other in kernel.stages for x in _loads(other, inp.name)]
+            only_here = all(x in _loads(st, inp.name) for x in loads)
+            if loads and only_here and all(x.index == st.vars for x in loads):
+                pairs[o] = i
+    return pairs
+
+
+def _loads(stage: Stage, buf: str) -> list[Load]:
+    exprs = [stage.body, *(stage.store_index or ())]
+    return [x for e in exprs for x in walk(e) if isinstance(x, Load) and x.buf == buf]
+
+
+def plan_memory(steps: list[dict], nbytes: dict[int, int | None], outside: set[int],
+                inplace: dict[int, int] | None = None) -> MemoryPlan:
     """``nbytes``: size per value id (None if unknown until run time); ``outside``: ids that must
-    not live in the arena (inputs, constants, graph outputs)."""
-    root: dict[int, int] = {}  # view -> the value whose storage it shares
+    not live in the arena (inputs, constants, graph outputs); ``inplace``: output id -> input id
+    its kernel may overwrite, applied where the input dies at that step."""
+    root: dict[int, int] = {}  # view or in-place output -> the value whose storage it shares
     start: dict[int, int] = {}
     end: dict[int, int] = {}
+    inplace = _legal_inplace(steps, inplace or {}, nbytes, outside)
     for s, step in enumerate(steps):
         for v in step["inputs"]:
             if v is not None:
                 r = root.get(v, v)
                 end[r] = max(end.get(r, s), s)
         for v in step["outputs"]:
-            if step["kind"] == "view":
-                root[v] = root.get(step["inputs"][0], step["inputs"][0])
+            if step["kind"] == "view" or v in inplace:
+                src = step["inputs"][0] if step["kind"] == "view" else inplace[v]
+                root[v] = root.get(src, src)
+                end[root[v]] = max(end.get(root[v], s), s)
             else:
                 start.setdefault(v, s)
                 end[v] = max(end.get(v, s), s)
@@ -56,6 +94,32 @@ def plan_memory(steps: list[dict], nbytes: dict[int, int | None], outside: set[i
             offset = max(offset, o + sz)
         placed.append((offset, size, start[v], end[v]))
         offsets[v] = offset
+    for v, r in root.items():  # views and in-place outputs share their source's offset
+        if r in offsets and v not in outside:
+            offsets[v] = offsets[r]
     arena = max((o + sz for o, sz, _, _ in placed), default=0)
     total = sum(nbytes[v] for v in start if v not in outside and nbytes.get(v))
-    return MemoryPlan(offsets, arena, total)
+    total += sum(nbytes[v] for v in inplace if nbytes.get(v))
+    return MemoryPlan(offsets, arena, total, dict(inplace))
+
+
+def _legal_inplace(steps, inplace: dict[int, int], nbytes, outside) -> dict[int, int]:
+    """Keep the pairs whose input is read for the last time by the overwriting step (through no
+    view either) and that both live in the arena."""
+    last: dict[int, int] = {}
+    root: dict[int, int] = {}
+    for s, step in enumerate(steps):
+        for v in step["inputs"]:
+            if v is not None:
+                last[root.get(v, v)] = s
+        if step["kind"] == "view":
+            root[step["outputs"][0]] = root.get(step["inputs"][0], step["inputs"][0])
+    producer = {v: s for s, step in enumerate(steps) for v in step["outputs"]}
+    ok = {}
+    for out, inp in inplace.items():
+        if (out in outside or inp in outside or inp in root or nbytes.get(out) is None
+                or nbytes.get(out) != nbytes.get(inp) or any(r == inp for r in root.values())):
+            continue
+        if last.get(inp) == producer.get(out) and inp not in ok.values():
+            ok[out] = inp
+    return ok

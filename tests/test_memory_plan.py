@@ -40,3 +40,30 @@ def test_deep_chain_runs_correctly_in_arena():
     mem = art.manifest["memory"]
     assert mem["arena_bytes"] < mem["intermediate_bytes"]
     check_against_ort(model, {"x": rng.standard_normal((4, 8)).astype(np.float32)})
+
+
+def test_elementwise_kernel_overwrites_a_dying_input():
+    rng = np.random.default_rng(7)
+    # m = x @ W (kernel 1), s = sum(m) (kernel 2), d = m - s (kernel 3): d may be written over m,
+    # which nothing reads after kernel 3
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"]),
+             helper.make_node("ReduceSum", ["m", "ax"], ["s"], keepdims=1),
+             helper.make_node("Sub", ["m", "s"], ["d"]),
+             helper.make_node("MatMul", ["d", "W"], ["y"])]
+    inits = {"W": rng.standard_normal((8, 8)).astype(np.float32), "ax": np.array([1], np.int64)}
+    model = make_model(nodes, [("x", np.float32, [4, 8])], [("y", np.float32, [4, 8])], inits)
+    art = deploy.compile(model)
+    assert art.manifest["kernel_count"] == 4
+    assert len(art.manifest["memory"]["inplace"]) == 1
+    check_against_ort(model, {"x": rng.standard_normal((4, 8)).astype(np.float32)})
+
+
+def test_inplace_pairs_need_identity_reads():
+    from deploy.graph_ir.types import DType
+    from deploy.tensor_ir.kernel import Buffer, Kernel, compute
+    from deploy.tensor_ir.memory import inplace_pairs
+    a, o = Buffer("a", (4, 4), DType.float32), Buffer("o", (4, 4), DType.float32)
+    same = Kernel("k", [a], [o], [], [compute(o, lambda i, j: a[i, j] * 2)])
+    transposed = Kernel("k", [a], [o], [], [compute(o, lambda i, j: a[j, i] * 2)])
+    assert inplace_pairs(same) == {0: 0}
+    assert inplace_pairs(transposed) == {}
