@@ -13,7 +13,14 @@ from .graph import Graph, Node, Value
 from .ops import OpDef, get
 from .types import DType, TensorType
 
-FOLD_LIMIT = 1 << 22  # never materialize folded constants larger than this many elements
+FOLD_LIMIT = 1 << 22  # folded constants beyond this size only where the inputs are as large
+
+
+def fold_fits(out_types, in_arrays) -> bool:
+    """Fold unless it would blow constants up: results up to FOLD_LIMIT elements, or no larger
+    than the constant inputs (a weight's transpose or cast folds whatever its size)."""
+    budget = max(FOLD_LIMIT, sum(int(a.size) for a in in_arrays if a is not None))
+    return all(t.is_static for t in out_types) and sum(t.numel for t in out_types) <= budget
 
 
 class Builder:
@@ -80,7 +87,7 @@ class Builder:
     def _foldable(self, op: OpDef, inputs, types) -> bool:
         if not all(v is None or v in self.constants for v in inputs):
             return False
-        return all(t.is_static and t.numel <= FOLD_LIMIT for t in types)
+        return fold_fits(types, [self.constants.get(v) for v in inputs if v is not None])
 
     def finish(self, outputs: list[Value], names: list[str] | None = None) -> Graph:
         return Graph(list(self.inputs), list(outputs), list(self.nodes), dict(self.constants),

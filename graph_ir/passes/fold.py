@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Graph
+from ..builder import fold_fits
 from ..ops import Kind
 
-FOLD_LIMIT = 1 << 22
 
 
 def fold_constants(g: Graph, target=None) -> Graph:
@@ -19,7 +19,8 @@ def fold_constants(g: Graph, target=None) -> Graph:
     for n in g.nodes:
         foldable = (n.op.kind is not Kind.HOST
                     and all(v is None or v in consts for v in n.inputs)
-                    and all(v.type.is_static and v.type.numel <= FOLD_LIMIT for v in n.outputs))
+                    and fold_fits([v.type for v in n.outputs],
+                                  [consts[v] for v in n.inputs if v is not None]))
         if not foldable:
             kept.append(n)
             continue
