@@ -10,11 +10,16 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .errors import (  # noqa: E402
-    ArtifactError, CompileError, DeployError, InputError, ModelError, TargetError,
+from .errors import (
+    ArtifactError,
+    CompileError,
+    DeployError,
+    InputError,
+    ModelError,
+    TargetError,
     UnsupportedOpsError,
 )
-from .runtime import Module, load  # noqa: E402
+from .runtime import Module, load
 
 
 def compile(model, target="host", **options):
@@ -26,5 +31,16 @@ def compile(model, target="host", **options):
     return _compile(model, target=target, **options)
 
 
-__all__ = ["ArtifactError", "CompileError", "DeployError", "InputError", "ModelError", "Module",
-           "TargetError", "UnsupportedOpsError", "compile", "load", "__version__"]
+__all__ = [
+    "ArtifactError",
+    "CompileError",
+    "DeployError",
+    "InputError",
+    "ModelError",
+    "Module",
+    "TargetError",
+    "UnsupportedOpsError",
+    "__version__",
+    "compile",
+    "load",
+]

@@ -185,7 +185,7 @@ def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]] | list[dict]:
     counts = {len(v) for v in occurrences.values()} - {1}
     if len(counts) > 1:
         raise UsageError("--shape: inputs given several times must all be given the same number "
-                         f"of times (one per variant); got {dict((k, len(v)) for k, v in occurrences.items())}")
+                         f"of times (one per variant); got { {k: len(v) for k, v in occurrences.items()} }")
     n = counts.pop() if counts else 1
     variants = [{k: v[min(i, len(v) - 1)] for k, v in occurrences.items()} for i in range(n)]
     return variants[0] if n == 1 else variants

@@ -18,21 +18,20 @@ import numpy as np
 from . import __version__, config
 from .backends.c.render import CRenderer
 from .backends.c.toolchain import build_shared_library
+from .backends.c.tune import tune_kernels
 from .errors import DeployError, NotImplementedYetError, TargetError, UnsupportedOpsError
 from .graph_ir.graph import Graph, Node, Value
-from .graph_ir.ops import Kind
-from .graph_ir.ops import movement, signal
+from .graph_ir.ops import Kind, movement, signal
 from .graph_ir.passes import run_pipeline
 from .graph_ir.printer import print_graph
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
-from .backends.c.tune import tune_kernels
 from .tensor_ir.fuse import lower_fused
-from .variants import expand_shape_specs, merge_variants
-from .tensor_ir.tuning_db import TuningDB
-from .tensor_ir.memory import MemoryPlan, inplace_pairs, plan_memory
 from .tensor_ir.lower import LOWERINGS, lower_node
+from .tensor_ir.memory import MemoryPlan, inplace_pairs, plan_memory
 from .tensor_ir.schedule import default_schedule
+from .tensor_ir.tuning_db import TuningDB
+from .variants import expand_shape_specs, merge_variants
 
 VIEW_OPS = {movement.Reshape, signal.BitCast}  # same bytes, another shape or dtype
 

@@ -30,9 +30,8 @@ def median_ms(fn, runs: int, warmup: int = 3) -> float:
 
 
 def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch_too: bool) -> str:
-    import onnxruntime as ort
-
     import deploy
+    import onnxruntime as ort
 
     from .models import build, input_specs, model_path, random_inputs
     path = str(model_path(name, batch=batch))

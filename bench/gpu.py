@@ -14,9 +14,8 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-
 import deploy
+import numpy as np
 
 from .models import build, input_specs, model_path, random_inputs
 

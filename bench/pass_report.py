@@ -11,11 +11,10 @@ from __future__ import annotations
 import sys
 import tempfile
 
+import deploy
 import numpy as np
 import onnx
 import onnxruntime as ort
-
-import deploy
 
 from .models import RECIPES, input_specs, model_path, random_inputs
 

@@ -24,7 +24,7 @@ def _lines(g: Graph) -> list[str]:
     lines = [f"graph {g.name}("]
     lines += [f"  %{v.name}: {v.type}," for v in g.inputs]
     lines.append(") {")
-    for v, arr in g.constants.items():
+    for v in g.constants:
         lines.append(f"  %{v.name}: {v.type} = constant")
     for n in g.nodes:
         outs = ", ".join(f"%{v.name}: {v.type}" for v in n.outputs)

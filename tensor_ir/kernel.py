@@ -8,8 +8,8 @@ and temporary buffers plus the stages that fill them, in order.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..graph_ir.types import DType
 from .expr import Expr, Var, as_expr

@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config, items):
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Hermetic tuning database: tests never read or write the user's ~/.cache/deploy records.
-import tempfile  # noqa: E402
+import tempfile
 
 os.environ.setdefault("DEPLOY_TUNING_DB",
                       os.path.join(tempfile.mkdtemp(prefix="deploy-test-db-"), "tuning.jsonl"))

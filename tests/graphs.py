@@ -3,7 +3,6 @@ everything)."""
 from __future__ import annotations
 
 import numpy as np
-
 from deploy.graph_ir import Builder, DType, TensorType, interpret
 
 

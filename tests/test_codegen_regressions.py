@@ -2,7 +2,6 @@
 import ctypes
 
 import numpy as np
-
 from deploy.backends.c.render import CRenderer
 from deploy.backends.c.toolchain import build_shared_library
 from deploy.graph_ir.types import DType

@@ -1,8 +1,8 @@
+import deploy
 import numpy as np
+from deploy.tensor_ir.memory import plan_memory
 from onnx import helper
 
-import deploy
-from deploy.tensor_ir.memory import plan_memory
 from tests.util import check_against_ort, make_model
 
 

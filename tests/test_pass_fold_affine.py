@@ -1,8 +1,8 @@
+import deploy
 import numpy as np
+from deploy.graph_ir.passes.fold_affine import fold_affine
 from onnx import helper
 
-import deploy
-from deploy.graph_ir.passes.fold_affine import fold_affine
 from tests.graphs import builder, f32, ops_of, same_outputs
 from tests.util import check_against_ort, make_model
 

@@ -1,8 +1,8 @@
 import numpy as np
-
 from deploy.graph_ir.passes.cse import cse
 from deploy.graph_ir.passes.dce import dce
 from deploy.graph_ir.passes.fold import fold_constants
+
 from tests.graphs import builder, f32, ops_of, same_outputs
 
 

@@ -1,7 +1,7 @@
 import numpy as np
+from deploy.graph_ir.passes.fuse import fuse, partition
 from onnx import helper
 
-from deploy.graph_ir.passes.fuse import fuse, partition
 from tests.graphs import builder, f32, ops_of, same_outputs
 from tests.util import check_against_ort, make_model
 

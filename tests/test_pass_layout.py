@@ -1,11 +1,11 @@
 """Layout planning: channels-last convolutions and pools for targets that prefer NHWC."""
+import deploy
 import numpy as np
 import pytest
-from onnx import helper
-
-import deploy
 from deploy.graph_ir.passes.layout import layout
 from deploy.targets import load_target
+from onnx import helper
+
 from tests.graphs import builder, f32, ops_of, same_outputs
 from tests.util import check_against_ort, make_model
 

@@ -1,7 +1,7 @@
 import numpy as np
-
 from deploy.graph_ir import DType
 from deploy.graph_ir.passes.simplify import simplify
+
 from tests.graphs import builder, f32, ops_of, same_outputs
 
 

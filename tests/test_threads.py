@@ -5,10 +5,10 @@ import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
+import deploy
 import numpy as np
 from onnx import helper
 
-import deploy
 from tests.util import make_model, run_ort
 
 

@@ -13,7 +13,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 import deploy
-import deploy.torch_backend  # noqa: F401  (registers backend="deploy" for torch.compile)
+import deploy.torch_backend
 from deploy.frontends.torch import import_torch, list_ops, supported_aten_ops
 from deploy.frontends.torch.importer import UnsupportedAtenOpsError
 from deploy.graph_ir.interpreter import interpret

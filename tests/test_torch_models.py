@@ -7,9 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import deploy  # noqa: E402
-import deploy.torch_backend  # noqa: E402,F401  (registers backend="deploy")
-from deploy.bench.models import build, random_inputs  # noqa: E402
+import deploy
+import deploy.torch_backend
+from deploy.bench.models import build, random_inputs
 
 MODELS = ["resnet50", "mobilenet_v2", "bert_base", "gpt2_small"]
 

@@ -6,13 +6,13 @@ import subprocess
 import sys
 import textwrap
 
+import deploy
 import numpy as np
 import pytest
-from onnx import helper
-
-import deploy
 from deploy.backends.c import tune as tune_mod
 from deploy.tensor_ir.tuning_db import TuningDB, TuningRecord
+from onnx import helper
+
 from tests.util import check_against_ort, make_model
 
 

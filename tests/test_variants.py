@@ -2,12 +2,12 @@
 import subprocess
 import sys
 
+import deploy
 import numpy as np
 import pytest
+from deploy.errors import InputError
 from onnx import helper
 
-import deploy
-from deploy.errors import InputError
 from tests.util import make_model, run_ort
 
 

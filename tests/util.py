@@ -1,12 +1,11 @@
 """Helpers for tests: build small ONNX models and check deploy against ONNX Runtime."""
 from __future__ import annotations
 
+import deploy
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
-
-import deploy
 
 ORT_IR_VERSION = 8  # ONNX Runtime 1.x reads IR <= 10; keep test models conservative
 

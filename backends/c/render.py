@@ -7,12 +7,27 @@ float, computed in float and rounded once on store.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ...graph_ir.types import DType
 from ...tensor_ir.expr import (
-    B, R, U, Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, affine_coeff, substitute,
-    transform, walk,
+    B,
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    Load,
+    R,
+    Reduce,
+    Select,
+    U,
+    Unary,
+    Var,
+    affine_coeff,
+    substitute,
+    transform,
+    walk,
 )
 from ...tensor_ir.kernel import Buffer, Kernel, Stage
 from ...tensor_ir.schedule import PARALLEL_MIN_WORK, StageSchedule, single_sum, stage_work
@@ -205,8 +220,8 @@ class CRenderer:
         if ctype == "float" and nr % VL == 0:
             return self._gemm_tile_vec(red, a, b, epi, out, st, tile, mr, nr, ind)
         lines = [f"{ind}{ctype} acc_[{mr}][{nr}];",
-                 f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) for (int jj_ = 0; jj_ < {nr}; ++jj_) "
-                 f"acc_[ii_][jj_] = 0;"]
+                 (f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) for (int jj_ = 0; jj_ < {nr}; ++jj_) "
+                  f"acc_[ii_][jj_] = 0;")]
         rvars = [v for v, _ in red.vars]
         depth = self._open_loops(lines, rvars, [n for _, n in red.vars], 0, ind)
         inner = ind + "  " * depth
@@ -457,7 +472,7 @@ def _literal(value, dtype: DType) -> str:
         return "1" if value else "0"
     if dtype.is_float:
         v = float(value)
-        if v != v:
+        if math.isnan(v):
             return "NAN"
         if v in (float("inf"), float("-inf")):
             return "INFINITY" if v > 0 else "(-INFINITY)"

@@ -22,7 +22,7 @@ GCC_FLAGS = ["-fdisable-tree-cunrolli"]
 
 def _is_gcc(cc: str) -> bool:
     try:
-        out = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     except OSError:
         return False
     return "Free Software Foundation" in out and "clang" not in out
@@ -58,7 +58,7 @@ def build_shared_library(sources: list[str], out_path: Path, flags: tuple[str, .
 
 
 def _run(cmd: list[str], src: Path | None) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         where = f" on {src.name}" if src else ""
         raise CompileError(f"C compiler failed{where} (a deploy bug; please report it):\n"

@@ -9,9 +9,9 @@ from . import (  # noqa: F401  (imports register the converters)
     convert_nn,
     convert_quant,
     convert_reduction,
+    convert_rnn,
     convert_sampling,
     convert_sequence,
-    convert_rnn,
     convert_signal,
 )
 from .importer import import_onnx, list_ops, load_model, unsupported_nodes

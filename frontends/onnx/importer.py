@@ -29,7 +29,7 @@ def load_model(model) -> tuple[onnx.ModelProto, str | None]:
         raise ModelError(f"{path}: no such file")
     try:
         proto = onnx.load(path, load_external_data=True)
-    except Exception as e:  # onnx raises many types for corrupt files
+    except Exception as e:  # noqa: BLE001  (onnx raises many types for corrupt files)
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
     return proto, os.path.dirname(os.path.abspath(path))
 

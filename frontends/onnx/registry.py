@@ -6,8 +6,8 @@ omitted optional inputs). Many ONNX ops decompose into a few core primitives her
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import onnx

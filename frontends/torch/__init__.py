@@ -26,7 +26,6 @@ from .importer import (
 from .registry import ATEN, TorchCtx, aten, missing_core_ops, op_name
 
 
-
 def supported_aten_ops() -> list[str]:
     """Names of the ATen overloads the table converts with the core ops available now."""
     return sorted({op_name(t) for t, e in ATEN.items()

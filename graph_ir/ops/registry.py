@@ -8,8 +8,9 @@ semantics are written exactly once. Families of ops live in sibling modules
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Graph
 from ..builder import fold_fits
+from ..graph import Graph
 from ..ops import Kind
-
 
 
 def fold_constants(g: Graph, target=None) -> Graph:

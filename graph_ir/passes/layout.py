@@ -116,9 +116,7 @@ def unit_transpose_to_reshape(node: Node, rw: Rewriter) -> Value | None:
     return rw.emit("Reshape", [x], node.name, shape=tuple(node.outputs[0].shape))
 
 
-ELEMENTWISE_RULES = "Add Sub Mul Div Max Min Relu Neg Exp Sqrt Tanh Erf Pow Sigmoid Clip Where " \
-    "Cast Abs Log Sin Cos Floor Ceil Round Sign Reciprocal Equal Less Greater And Or Not " \
-    "LessOrEqual GreaterOrEqual Mod IsNaN IsInf HardSigmoid".split()
+ELEMENTWISE_RULES = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Relu", "Neg", "Exp", "Sqrt", "Tanh", "Erf", "Pow", "Sigmoid", "Clip", "Where", "Cast", "Abs", "Log", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Reciprocal", "Equal", "Less", "Greater", "And", "Or", "Not", "LessOrEqual", "GreaterOrEqual", "Mod", "IsNaN", "IsInf", "HardSigmoid"]
 
 
 def layout(g: Graph, target=None) -> Graph:

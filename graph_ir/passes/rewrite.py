@@ -6,7 +6,7 @@ the op table). The engine repeats until no rule fires (a fixpoint), keeping node
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
