@@ -112,16 +112,24 @@ ArgMin = define("ArgMin", Kind.REDUCTION, _arg_shape, fixed_dtype(DType.int64), 
 
 # ---- scans ---------------------------------------------------------------------------------
 
-def _cumsum_ref(ins, attrs):
-    x = ins[0]
-    axis = norm_axis(attrs["axis"], x.ndim)
-    y = np.flip(x, axis) if attrs["reverse"] else x
-    out = np.cumsum(y, axis=axis, dtype=x.dtype)
-    if attrs["exclusive"]:
-        out = out - y  # exclusive prefix = inclusive prefix minus the element itself
-    if attrs["reverse"]:
-        out = np.flip(out, axis)
-    return [np.ascontiguousarray(out, dtype=x.dtype)]
+def scan_reference(accumulate, identity):
+    """Numpy reference of a scan along ``axis`` (inclusive or exclusive, forward or reversed):
+    ``accumulate`` is np.cumsum / np.cumprod, ``identity`` the exclusive scan's first value."""
+    def reference(ins, attrs):
+        x = ins[0]
+        axis = norm_axis(attrs["axis"], x.ndim)
+        y = np.flip(x, axis) if attrs["reverse"] else x
+        out = accumulate(y, axis=axis, dtype=x.dtype)
+        if attrs["exclusive"]:  # shift by one along the axis; the first entry is the identity
+            first = np.full_like(np.take(out, [0], axis=axis), identity)
+            out = np.concatenate([first, np.delete(out, -1, axis=axis)], axis=axis)
+        if attrs["reverse"]:
+            out = np.flip(out, axis)
+        return [np.ascontiguousarray(out, dtype=x.dtype)]
+    return reference
+
+
+_cumsum_ref = scan_reference(np.cumsum, 0)
 
 
 CumSum = define("CumSum", Kind.OPAQUE, lambda ins, a: [ins[0].shape], same_dtype(), _cumsum_ref,

@@ -10,20 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import DType
-from .registry import REQUIRED, Kind, define, norm_axis, same_dtype
+from .reduction import scan_reference
+from .registry import REQUIRED, Kind, define, same_dtype
 
-
-def _cumprod_ref(ins, attrs):
-    x = ins[0]
-    axis = norm_axis(attrs["axis"], x.ndim)
-    y = np.flip(x, axis) if attrs["reverse"] else x
-    out = np.cumprod(y, axis=axis, dtype=x.dtype)
-    if attrs["exclusive"]:  # shift by one along the axis, the first entry 1
-        ones = np.ones_like(np.take(out, [0], axis=axis))
-        out = np.concatenate([ones, np.delete(out, -1, axis=axis)], axis=axis)
-    if attrs["reverse"]:
-        out = np.flip(out, axis)
-    return [np.ascontiguousarray(out, dtype=x.dtype)]
+_cumprod_ref = scan_reference(np.cumprod, 1)
 
 
 CumProd = define("CumProd", Kind.OPAQUE, lambda ins, a: [ins[0].shape], same_dtype(), _cumprod_ref,

@@ -87,16 +87,15 @@ def lower_arg(ctx: LowerCtx):
     return [compute(out, body)]
 
 
-@lowering(ops.reduction.CumSum)
-def lower_cumsum(ctx: LowerCtx):
-    # out[j0] = (exclusive ? 0 : x[j0]); out[j(i+1)] = out[j(i)] + x[exclusive ? j(i) : j(i+1)]
-    # with j(i) = i, or n-1-i when reversed; the second stage is a serial scan
+def lower_scan(ctx: LowerCtx, combine, identity: int) -> list:
+    # out[j0] = (exclusive ? identity : x[j0]); out[j(i+1)] = combine(out[j(i)], x[...]) with
+    # j(i) = i, or n-1-i when reversed; the second stage is a serial scan
     x, out = ctx.ins[0], ctx.out
-    axis = _axis(ctx)
-    n = x.shape[axis] if x.shape else 1
     excl, rev = bool(ctx.attr("exclusive")), bool(ctx.attr("reverse"))
     if not x.shape:
-        return [compute(out, lambda: const(0, x.dtype) if excl else x[()])]
+        return [compute(out, lambda: const(identity, x.dtype) if excl else x[()])]
+    axis = _axis(ctx)
+    n = x.shape[axis]
     j = (lambda i: (n - 1) - i) if rev else (lambda i: i)
 
     def at(vs, i):
@@ -104,17 +103,22 @@ def lower_cumsum(ctx: LowerCtx):
 
     def first(*vs):
         return select(binary(B.EQ, vs[axis], Const(j(0), INDEX)),
-                      const(0, x.dtype) if excl else x[vs], const(0, x.dtype))
+                      const(identity, x.dtype) if excl else x[vs], const(identity, x.dtype))
 
     def step(*vs):
         i = vs[axis]
-        return out[at(vs, j(i))] + x[at(vs, j(i if excl else i + 1))]
+        return combine(out[at(vs, j(i))], x[at(vs, j(i if excl else i + 1))])
 
     stages = [compute(out, first)]
     if n > 1:
         extents = x.shape[:axis] + (n - 1,) + x.shape[axis + 1:]
         stages.append(scatter(out, extents, lambda *vs: at(vs, j(vs[axis] + 1)), step))
     return stages
+
+
+@lowering(ops.reduction.CumSum)
+def lower_cumsum(ctx: LowerCtx):
+    return lower_scan(ctx, lambda acc, v: acc + v, 0)
 
 
 @lowering(ops.reduction.TopK)
