@@ -6,6 +6,7 @@ with ``dump_dir`` (graph text per pass, kernel C source).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -26,9 +27,11 @@ from .graph_ir.passes import run_pipeline
 from .graph_ir.printer import print_graph
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
+from .tensor_ir.expr import Load, walk
 from .tensor_ir.fuse import lower_fused
 from .tensor_ir.lower import LOWERINGS, lower_node
 from .tensor_ir.memory import MemoryPlan, inplace_pairs, plan_memory
+from .tensor_ir.pack import pack_weights
 from .tensor_ir.schedule import default_schedule
 from .tensor_ir.tuning_db import TuningDB
 from .variants import expand_shape_specs, merge_variants
@@ -125,6 +128,7 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
         members, kernels, gpu = _build_gpu(plan, tgt, dump, options)
     else:
         members, kernels, gpu = (*_build(plan, tgt, dump, db), {})
+        _drop_unused_constants(plan, graph)
     lap("render+build")
     manifest = _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model)
     if gpu:  # binaries and the launch plan instead of a shared library
@@ -177,6 +181,8 @@ class Plan:
     kernels: list  # tensor_ir Kernel objects, in step order
     constants: dict[int, np.ndarray]
     host_ops: list[str]
+    extra_values: dict = field(default_factory=dict)  # value id -> Buffer made by the backend
+    packed: dict = field(default_factory=dict)  # (weight id, nr) -> packed weight id
 
 
 def _members(graph: Graph):
@@ -301,10 +307,12 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
     renderer = CRenderer()
     sources, info = [], []
     feats = target_features(tgt)
-    for k in plan.kernels:
+    kernel_steps = [s for s in plan.steps if s["kind"] == "kernel"]
+    for k, step in zip(plan.kernels, kernel_steps):
         h = k.structural_hash()
         tuned = db.lookup(h, feats) if db is not None else None
         sched = default_schedule(k, tuned)
+        k, sched = _pack_weights(k, sched, step, plan, tuned)
         src = renderer.kernel(k, sched)
         sources.append(src)
         info.append({"symbol": k.name, "note": k.note, "hash": h, "tuned": tuned is not None,
@@ -317,6 +325,38 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
     with tempfile.TemporaryDirectory(prefix="deploy-build-") as tmp:
         lib = build_shared_library(chunks, Path(tmp) / "model.so", tuple(tgt.cc_flags), jobs)
         return {"lib/model.so": lib.read_bytes()}, info
+
+
+def _pack_weights(k, sched, step: dict, plan: Plan, tuned):
+    """Constant GEMM weights re-laid out into panels (tensor_ir/pack.py); the packed arrays join
+    the plan's constants and the step's inputs."""
+    const_pos = {b.name: pos for pos, b in enumerate(k.inputs)
+                 if step["inputs"][pos] in plan.constants}
+    packed_k, packings = pack_weights(k, sched, set(const_pos))
+    for p in packings:
+        src_vid = step["inputs"][const_pos[p.source]]
+        key = (src_vid, p.nr)
+        if key not in plan.packed:
+            vid = max([*plan.ids.values(), *plan.extra_values, -1]) + 1
+            plan.packed[key] = vid
+            plan.constants[vid] = p.pack(plan.constants[src_vid])
+            plan.extra_values[vid] = p.packed
+        step["inputs"].append(plan.packed[key])
+    if not packings:
+        return k, sched
+    # a weight read only through its packed copy is no longer passed to the kernel
+    loaded = {x.buf for st in packed_k.stages for e in (st.body, *(st.store_index or ()))
+              for x in walk(e) if isinstance(x, Load)}
+    keep = [pos for pos, b in enumerate(packed_k.inputs) if b.name in loaded]
+    step["inputs"] = [step["inputs"][pos] for pos in keep]
+    packed_k = dataclasses.replace(packed_k, inputs=[packed_k.inputs[pos] for pos in keep])
+    return packed_k, default_schedule(packed_k, tuned)
+
+
+def _drop_unused_constants(plan: Plan, graph: Graph) -> None:
+    used = {v for s in plan.steps for v in s["inputs"]} | {plan.ids[v] for v in graph.outputs}
+    for vid in [v for v in plan.constants if v not in used]:
+        del plan.constants[vid]
 
 
 def _spec(v: Value, name: str | None = None) -> dict:
@@ -332,7 +372,10 @@ def _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model) -> 
         "outputs": [_spec(v, n) for v, n in zip(graph.outputs, graph.output_names)],
         "input_ids": [ids[v] for v in graph.inputs],
         "output_ids": [ids[v] for v in graph.outputs],
-        "values": {str(i): {"dtype": v.dtype.np.name, "shape": list(v.shape)} for v, i in ids.items()},
+        "values": {**{str(i): {"dtype": v.dtype.np.name, "shape": list(v.shape)}
+                      for v, i in ids.items()},
+                   **{str(i): {"dtype": b.dtype.np.name, "shape": list(b.shape)}
+                      for i, b in plan.extra_values.items()}},
         "constants": {str(i): f"weights/{i}.npy" for i in plan.constants},
         "steps": plan.steps,
         "library": "lib/model.so" if plan.kernels else None,

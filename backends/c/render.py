@@ -30,6 +30,7 @@ from ...tensor_ir.expr import (
     walk,
 )
 from ...tensor_ir.kernel import Buffer, Kernel, Stage
+from ...tensor_ir.pack import tile_index
 from ...tensor_ir.schedule import PARALLEL_MIN_WORK, StageSchedule, single_sum, stage_work
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
@@ -179,7 +180,7 @@ class CRenderer:
         ei_full = ei - ei % g.mr
         outer = [k for k in range(len(st.vars)) if k not in (g.i, g.j)]
         tile = {vi: Var("it_") + Var("ii_"), vj: Var("jt_") + Var("jj_")}
-        a, b = substitute(g.a, tile), substitute(g.b, tile)
+        a, b = substitute(g.a, tile), tile_index(substitute(g.b, tile), g.nr)
         acc = Var("acc_[ii_][jj_]", red.dtype)
         epi = substitute(transform(st.body, lambda e: acc if e == red else None), tile)
         ctype = compute_type(red.dtype)

@@ -1,0 +1,31 @@
+"""Constant GEMM weights packed into panels at compile time (tensor_ir/pack.py)."""
+import deploy
+import numpy as np
+from deploy.graph_ir.types import DType
+from deploy.tensor_ir.kernel import Buffer
+from deploy.tensor_ir.pack import Packing
+from onnx import helper
+
+from tests.util import check_against_ort, make_model
+
+
+def test_packing_layout_is_panels_of_nr_columns():
+    w = np.arange(3 * 5, dtype=np.float32).reshape(3, 5)
+    p = Packing("w", Buffer("w_p2", (3, 3, 2), DType.float32), 2).pack(w)
+    assert p.shape == (3, 3, 2)  # ceil(5 / 2) panels of 3 rows x 2 columns
+    np.testing.assert_array_equal(p[1], w[:, 2:4])
+    np.testing.assert_array_equal(p[2][:, 0], w[:, 4])
+    assert not p[2][:, 1].any()  # zero padding past the last column
+
+
+def test_packed_matmul_matches_ort_with_ragged_columns():
+    rng = np.random.default_rng(0)
+    n = 70  # not a multiple of the tile width: the last panel is padded
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [12, 40])], [("y", np.float32, [12, n])],
+                       {"W": rng.standard_normal((40, n)).astype(np.float32)})
+    art = deploy.compile(model)
+    shapes = [v["shape"] for v in art.manifest["values"].values()]
+    assert [3, 40, 32] in shapes  # the packed weight: 3 panels of 40 x 32
+    assert len(art.manifest["constants"]) == 1  # the unpacked original is not shipped
+    check_against_ort(model, {"x": rng.standard_normal((12, 40)).astype(np.float32)})
