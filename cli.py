@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(e), e.exit_code, debug)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # noqa: BLE001  (last resort: never a bare traceback)
         where = getattr(e, "where", "")
         if type(e).__name__ == "NeedsConstant":
