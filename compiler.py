@@ -132,7 +132,7 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
     lap("render+build")
     manifest = _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model)
     if gpu:  # binaries and the launch plan instead of a shared library
-        manifest.update(gpu, library=None)
+        manifest.update(gpu, library=None, entry=None)
     manifest["memory"] = {"arena_bytes": memory.arena_bytes,
                           "intermediate_bytes": memory.intermediate_bytes,
                           "inplace": {str(k): v for k, v in sorted(memory.inplace.items())},
@@ -317,6 +317,8 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
         sources.append(src)
         info.append({"symbol": k.name, "note": k.note, "hash": h, "tuned": tuned is not None,
                      "schedule": [s.describe() for s in sched]})
+    if not plan.host_ops:
+        sources.append(_entry_point(plan))
     jobs = os.cpu_count() or 1
     chunks = [renderer.module(sources[i::jobs]) for i in range(min(jobs, len(sources)))]
     if dump:
@@ -325,6 +327,24 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
     with tempfile.TemporaryDirectory(prefix="deploy-build-") as tmp:
         lib = build_shared_library(chunks, Path(tmp) / "model.so", tuple(tgt.cc_flags), jobs)
         return {"lib/model.so": lib.read_bytes()}, info
+
+
+ENTRY = "deploy_run"
+
+
+def _entry_point(plan: Plan) -> str:
+    """``void deploy_run(void** v)``: the whole plan in one C call. ``v[id]`` points at value
+    ``id`` (inputs, weights, arena slices, outputs); kernels run in order, views alias."""
+    lines = [f"/* the whole launch plan; v[i] is value i of the manifest */",
+             f"void {ENTRY}(void** v) {{"]
+    for step in plan.steps:
+        if step["kind"] == "kernel":
+            args = ", ".join(f"v[{i}]" for i in (*step["inputs"], *step["outputs"]))
+            lines.append(f"  {{ void* a[] = {{{args}}}; {step['symbol']}(a); }}")
+        elif step["kind"] == "view":
+            lines.append(f"  v[{step['outputs'][0]}] = v[{step['inputs'][0]}];")
+    decls = [f"void {s['symbol']}(void* const* args);" for s in plan.steps if s["kind"] == "kernel"]
+    return "\n".join(decls + lines + ["}"]) + "\n"
 
 
 def _pack_weights(k, sched, step: dict, plan: Plan, tuned):
@@ -379,6 +399,7 @@ def _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model) -> 
         "constants": {str(i): f"weights/{i}.npy" for i in plan.constants},
         "steps": plan.steps,
         "library": "lib/model.so" if plan.kernels else None,
+        "entry": ENTRY if plan.kernels and not plan.host_ops else None,
         "kernels": kernels,
         "kernel_count": len(kernels),
         "host_ops": sorted(set(plan.host_ops)),

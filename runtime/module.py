@@ -57,6 +57,11 @@ class Module:
         self._owned_outputs = {v for s in self.steps if s["kind"] != "view" for v in s["outputs"]}
         self._fns = {s["symbol"]: self._symbol(s["symbol"]) for s in self.steps
                      if s["kind"] == "kernel"}
+        # one C call runs the whole plan when the artifact has an entry point (no host ops)
+        self._entry = self._symbol(m["entry"]) if m.get("entry") and self._lib else None
+        self._n_values = max((int(k) for k in m["values"]), default=-1) + 1
+        self._written = [v for s in self.steps if s["kind"] == "kernel" for v in s["outputs"]]
+        self._views = [s for s in self.steps if s["kind"] == "view"]
 
     def _load_library(self, contents) -> ctypes.CDLL:
         name = self.manifest["library"]
@@ -88,12 +93,26 @@ class Module:
         arena = np.empty(self._arena_bytes, np.uint8) if self._arena_bytes else None
         for vid, arr in zip(self.manifest["input_ids"], arrays):
             env[vid] = arr
-        for step in self.steps:
-            self._step(step, env, arena)
+        if self._entry is not None:
+            self._run_entry(env, arena)
+        else:
+            for step in self.steps:
+                self._step(step, env, arena)
         owned = self._owned_outputs
         outs = [env[vid] if vid in owned else env[vid].copy() for vid in self.manifest["output_ids"]]
         return [o.view(user_dtype(spec.dtype)) if spec.dtype == "bfloat16" else o
                 for o, spec in zip(outs, self.output_specs)]
+
+    def _run_entry(self, env: dict, arena) -> None:
+        """Bind every value's buffer, run the plan in one C call, then form the views."""
+        for vid in self._written:
+            env[vid] = self._alloc(vid, arena)
+        ptrs = (ctypes.c_void_p * max(self._n_values, 1))()
+        for vid, arr in env.items():
+            ptrs[vid] = arr.ctypes.data
+        self._entry(ptrs)
+        for step in self._views:
+            self._step(step, env, arena)
 
     def _variant_for(self, inputs) -> Module:
         given = inputs if isinstance(inputs, dict) else dict(zip((s.name for s in self.input_specs),
