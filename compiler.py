@@ -335,7 +335,7 @@ ENTRY = "deploy_run"
 def _entry_point(plan: Plan) -> str:
     """``void deploy_run(void** v)``: the whole plan in one C call. ``v[id]`` points at value
     ``id`` (inputs, weights, arena slices, outputs); kernels run in order, views alias."""
-    lines = [f"/* the whole launch plan; v[i] is value i of the manifest */",
+    lines = ["/* the whole launch plan; v[i] is value i of the manifest */",
              f"void {ENTRY}(void** v) {{"]
     for step in plan.steps:
         if step["kind"] == "kernel":
