@@ -20,12 +20,13 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from . import __version__, config
-from .errors import DeployError, InputError, NotImplementedYetError, UsageError
+from .errors import DeployError, InputError, UsageError
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a deploy bug, not a user error
 
@@ -84,7 +85,13 @@ def _add_compile(sub, common) -> None:
     c.add_argument("-o", "--output", help="artifact path (default: MODEL's stem + .dpk, here)")
     c.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, e.g. input=1x3x224x224 (repeatable)")
-    c.add_argument("--dtype", help="compute dtype, e.g. fp16 (not implemented yet)")
+    c.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], type=str.lower,
+                   help="compute dtype: fp16/bf16 store weights and activations in half precision "
+                        "(softmax, normalizations, sums, exp/log stay fp32; inputs and outputs "
+                        "keep the model's dtypes); default: the model's own")
+    c.add_argument("--precision", choices=["fp32", "tf32"], type=str.lower, default=None,
+                   help="float32 GEMMs on GPU targets: fp32 (IEEE, default) or tf32 (TF32 "
+                        "tensor cores)")
     c.add_argument("--tune", choices=["none", "quick", "full"], default="none",
                    help="autotune kernels on this machine first (default: none, i.e. tuning "
                         "records if any, else the default schedules)")
@@ -198,9 +205,6 @@ def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]] | list[dict]:
 # ---- compile / check / tune -----------------------------------------------------------------
 
 def cmd_compile(args) -> int:
-    if args.dtype and args.dtype.lower() not in ("fp32", "float32"):
-        raise NotImplementedYetError(f"--dtype {args.dtype}: lower-precision compilation is not "
-                                     "implemented yet; models compile in their own dtypes")
     out = Path(args.output or Path(args.model).with_suffix(".dpk").name)
     _compile_and_report(args, args.tune, out)
     if args.dump_dir:
@@ -218,9 +222,13 @@ def cmd_tune(args) -> int:
 def _compile_and_report(args, tune: str, out: Path | None) -> None:
     from .compiler import compile as deploy_compile
     t0 = time.perf_counter()
-    art = deploy_compile(args.model, target=args.target, shapes=parse_shapes(args.shape) or None,
-                         dump_dir=getattr(args, "dump_dir", None), tune=tune,
-                         tuning_db=args.tuning_db, budget=args.budget)
+    precision = {k: v for k in ("dtype", "precision") if (v := getattr(args, k, None))}
+    with warnings.catch_warnings():  # the --dtype error check's warning is printed below
+        warnings.filterwarnings("ignore", message="--dtype", category=RuntimeWarning)
+        art = deploy_compile(args.model, target=args.target,
+                             shapes=parse_shapes(args.shape) or None,
+                             dump_dir=getattr(args, "dump_dir", None), tune=tune,
+                             tuning_db=args.tuning_db, budget=args.budget, **precision)
     m = art.manifest
     secs = m.get("compile_seconds", {})
     stages = ", ".join(f"{k} {v:.2f}s" for k, v in _stages(secs))
@@ -232,6 +240,26 @@ def _compile_and_report(args, tune: str, out: Path | None) -> None:
         print(f"  {kind}: " + ", ".join(_spec_str(s) for s in m[kind]))
     if "tune_gain" in secs:
         print(f"  tuned kernels ({tune}): {secs['tune_gain']:.2f}x the default schedules' speed")
+    if "precision" in m:
+        print("  precision: " + _precision_str(m["precision"]))
+
+
+def _precision_str(p: dict) -> str:
+    """``fp16, rel L2 vs fp32: y 3.1e-04`` (with a warning per output over the tolerance)."""
+    parts = [p.get("dtype", "fp32")]
+    if "fp32_gemm" in p:
+        parts.append(f"fp32 GEMMs {p['fp32_gemm']}")
+    if p.get("rel_l2"):
+        errs = ", ".join(f"{k} {v:.2g}" for k, v in p["rel_l2"].items())
+        parts.append(f"rel L2 error vs fp32 on random inputs ({p.get('check')}): {errs}")
+    elif str(p.get("check", "")).startswith(("skipped", "failed")):
+        parts.append(f"error check {p['check']}")
+    text = ", ".join(parts)
+    for name in p.get("over", []):
+        text += (f"\n  WARNING: output '{name}' is off by {p['rel_l2'][name]:.2g} relative L2 "
+                 f"(> {p.get('tolerance', 1e-2):g}): check it on your data, or compile without "
+                 "--dtype")
+    return text
 
 
 def cmd_check(args) -> int:
@@ -520,7 +548,7 @@ def inspect_report(path: str, contents) -> dict:
                      if not n.startswith("weights/")],
         "weights": {"count": len(weights), "bytes": sum(weights.values())},
         "provenance": m.get("provenance", {}), "compile_seconds": m.get("compile_seconds", {}),
-        "passes": m.get("passes", []),
+        "passes": m.get("passes", []), "precision": m.get("precision"),
     }
 
 
@@ -558,6 +586,8 @@ def _print_inspect(r: dict) -> None:
         print(f"  {k['symbol']:<6} {k['op'] or '?':<14} node '{k['node']}'  hash {k['hash']}"
               + ("  tuned" if k["tuned"] else "") + (f"  ({k['note']})" if k["note"] else ""))
     print(f"host ops: {', '.join(r['host_ops']) or 'none (every op runs as generated code)'}")
+    if r.get("precision"):
+        print("precision: " + _precision_str(r["precision"]))
     mem = r["memory"]
     print(f"memory:   arena_bytes {r['arena_bytes']} ({_fmt_bytes(r['arena_bytes'])}), "
           f"intermediates {_fmt_bytes(mem['intermediate_bytes'])}, weights "
@@ -580,7 +610,7 @@ def _print_inspect(r: dict) -> None:
               f"{p.get('nodes_after')}  {p.get('seconds', 0):.4f}s" + (f"  {extra}" if extra else ""))
 
 
-STAGE_ORDER = ("import", "optimize", "lower", "tune", "render+build", "package")
+STAGE_ORDER = ("import", "optimize", "lower", "tune", "render+build", "package", "check")
 NOT_STAGES = {"tune_gain"}  # figures stored beside the stage times
 
 

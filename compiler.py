@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,19 +21,27 @@ from . import __version__, config
 from .backends.c.render import CRenderer
 from .backends.c.toolchain import build_shared_library
 from .backends.c.tune import tune_kernels
-from .errors import DeployError, NotImplementedYetError, TargetError, UnsupportedOpsError
+from .errors import (
+    DeployError,
+    NotImplementedYetError,
+    TargetError,
+    UnsupportedOpsError,
+    UsageError,
+)
 from .graph_ir.graph import Graph, Node, Value
+from .graph_ir.interpreter import interpret
 from .graph_ir.ops import Kind, movement, signal
-from .graph_ir.passes import run_pipeline
+from .graph_ir.passes import precision, run_pipeline
 from .graph_ir.printer import print_graph
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
 from .tensor_ir.expr import Load, walk
+from .tensor_ir.epilogue import fuse_epilogues
 from .tensor_ir.fuse import lower_fused
 from .tensor_ir.lower import LOWERINGS, lower_node
 from .tensor_ir.memory import MemoryPlan, inplace_pairs, plan_memory
 from .tensor_ir.pack import pack_weights
-from .tensor_ir.schedule import default_schedule
+from .tensor_ir.schedule import default_schedule, stage_work
 from .tensor_ir.tuning_db import TuningDB
 from .variants import expand_shape_specs, merge_variants
 
@@ -106,26 +115,33 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
 
     tgt = load_target(target)
     _check_supported(tgt, tune)
+    half, tf32 = _precision_settings(tgt, options)
     graph, report = import_model(model, shapes, constant_inputs, example_inputs, dynamic_shapes)
+    reference = graph  # the model's own precision, for the --dtype error check
     lap("import")
     dump = Path(dump_dir) if dump_dir else None
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         (dump / "00-import.txt").write_text(print_graph(graph))
-    graph, pass_stats = run_pipeline(graph, tgt, dump)
+    graph, pass_stats = run_pipeline(graph, tgt, dump, {"dtype": half})
     lap("optimize")
     plan = _plan(graph)
     memory = _plan_memory(graph, plan)
     lap("lower")
     db = TuningDB(tuning_db or config.tuning_db_path())
     if tune not in ("none", None):
-        tuned = tune_kernels(plan.kernels, tune, target_features(tgt), tuple(tgt.cc_flags),
-                             _budget_seconds(budget), db, log=options.get("log", print))
+        if tgt.backend == "triton":  # measured on this machine's GPU (option measure: tests)
+            from .backends.triton.tune import tune_gpu_kernels
+            tuned = tune_gpu_kernels(plan.kernels, tgt, tune, db, _budget_seconds(budget), tf32,
+                                     options.get("measure"), log=options.get("log", print))
+        else:
+            tuned = tune_kernels(plan.kernels, tune, target_features(tgt), tuple(tgt.cc_flags),
+                                 _budget_seconds(budget), db, log=options.get("log", print))
         db.save()
         timings["tune_gain"] = round(tuned.gain(), 3)
         lap("tune")
     if tgt.backend == "triton":
-        members, kernels, gpu = _build_gpu(plan, tgt, dump, options)
+        members, kernels, gpu = _build_gpu(plan, tgt, dump, dict(options, allow_tf32=tf32), db)
     else:
         members, kernels, gpu = (*_build(plan, tgt, dump, db), {})
         _drop_unused_constants(plan, graph)
@@ -140,8 +156,13 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
     for vid, arr in plan.constants.items():
         members[f"weights/{vid}.npy"] = array_bytes(arr)
     lap("package")
+    art = Artifact(manifest, members, graph, timings)
+    if half is not None or tgt.backend == "triton":
+        manifest["precision"] = _precision_record(art, reference, tgt, half, tf32,
+                                                  options.get("check_precision"))
+        lap("check")
     manifest["compile_seconds"] = timings
-    return Artifact(manifest, members, graph, timings)
+    return art
 
 
 def lower_only(model, target: str | Target = "host", shapes: dict | None = None) -> Plan:
@@ -160,9 +181,6 @@ def _check_supported(tgt: Target, tune: str) -> None:
             f"target {tgt.name}: the {tgt.backend} backend is not implemented yet; CPU targets "
             "(backend: c) and GPU targets with backend: triton (e.g. a100, h100, mi300x) "
             "compile today")
-    if tgt.backend == "triton" and tune not in ("none", None):
-        raise NotImplementedYetError(f"target {tgt.name}: tuning GPU kernels is not implemented "
-                                     "yet; compile with --tune none")
     if tune not in ("none", "quick", "full", None):
         raise DeployError(f"tune={tune!r}: expected one of none, quick, full")
     host = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
@@ -172,6 +190,63 @@ def _check_supported(tgt: Target, tune: str) -> None:
         raise TargetError(f"target {tgt.name} generates {tgt.triple} code but this machine is "
                           f"{host}: set CC to a cross compiler (e.g. CC={tgt.triple}-gcc), or "
                           "use --target host")
+
+
+def _precision_settings(tgt: Target, options: dict):
+    """(half dtype or None, tf32) from the options ``dtype``, ``precision`` (fp32 | tf32) and
+    ``allow_tf32`` (the older spelling of ``precision="tf32"``)."""
+    half = precision.half_dtype(options.get("dtype"))
+    given = options.get("precision")
+    mode = str(given or ("tf32" if options.get("allow_tf32") else "fp32")).strip().lower()
+    if mode not in ("fp32", "tf32"):
+        raise UsageError(f"precision={given!r}: expected fp32 (IEEE float32 GEMMs, the default) "
+                         "or tf32 (float32 GEMMs on TF32 tensor cores, GPU targets)")
+    if given and "allow_tf32" in options and bool(options["allow_tf32"]) != (mode == "tf32"):
+        raise UsageError(f"precision={given!r} and allow_tf32={options['allow_tf32']!r} "
+                         "disagree; give one of them")
+    if mode == "tf32" and tgt.backend != "triton":
+        raise UsageError(f"precision tf32: target {tgt.name} (backend {tgt.backend}) has no TF32 "
+                         "mode; it applies to GPU targets (backend triton). Use fp32 here")
+    return half, mode == "tf32"
+
+
+PRECISION_CHECK_LIMIT = 5e8  # interpreter multiply-adds beyond which --dtype's check is skipped
+
+
+def _precision_record(art: Artifact, reference: Graph, tgt: Target, half, tf32: bool,
+                      check: bool | None) -> dict:
+    """The manifest's ``precision``: the compute dtype, the fp32 GEMM mode on GPUs and, for
+    --dtype, the relative L2 error of every output against the float32 model on seeded random
+    inputs (run through the artifact on CPU targets, emulated for GPU targets). ``check``: None
+    checks when interpreting costs at most PRECISION_CHECK_LIMIT multiply-adds, True always,
+    False never."""
+    rec: dict = {"dtype": "fp32" if half is None else {"float16": "fp16"}.get(half.name, "bf16")}
+    if tgt.backend == "triton":
+        rec["fp32_gemm"] = "tf32" if tf32 else "ieee"
+    if half is None:
+        return rec
+    cost = precision.interpreter_cost(reference)
+    if check is False or (check is None and cost > PRECISION_CHECK_LIMIT):
+        rec["check"] = (f"skipped: interpreting costs ~{cost:.2g} multiply-adds (limit "
+                        f"{PRECISION_CHECK_LIMIT:.0e}; check_precision=True forces it)"
+                        if check is None else "skipped: check_precision=False")
+        return rec
+    inputs = precision.check_inputs(reference, seed=0)
+    try:
+        ref = interpret(reference, inputs)
+        ours = (art.load().run(inputs) if tgt.backend == "c"
+                else precision.emulate(art.graph, inputs))
+    except Exception as e:  # noqa: BLE001  (a diagnostic: it never fails the compile)
+        rec["check"] = f"failed: {type(e).__name__}: {e}"
+        return rec
+    rec.update(precision.compare(reference.output_names, ours, ref), seed=0,
+               check="artifact" if tgt.backend == "c" else "emulated")
+    for name in rec["over"]:
+        warnings.warn(f"--dtype {rec['dtype']}: output '{name}' differs from the float32 model "
+                      f"by relative L2 error {rec['rel_l2'][name]:.3g} (> {rec['tolerance']:g}) "
+                      "on random inputs; compile without --dtype if that is too much",
+                      RuntimeWarning, stacklevel=3)
+    return rec
 
 
 @dataclass
@@ -240,9 +315,9 @@ def _plan_memory(graph: Graph, plan: Plan) -> MemoryPlan:
 
 def _lower(node: Node, name: str, constants: dict):
     if node.op.name == "Fused":
-        return lower_fused(node, name, constants)
+        return fuse_epilogues(lower_fused(node, name, constants))
     consts = {k: constants[v] for k, v in enumerate(node.inputs) if v is not None and v in constants}
-    return lower_node(node, name, consts)
+    return fuse_epilogues(lower_node(node, name, consts))
 
 
 def _json_attrs(node: Node) -> dict:
@@ -292,12 +367,28 @@ def _host_isa_level() -> str:
         platform.machine()
 
 
-def _build_gpu(plan: Plan, tgt: Target, dump: Path | None, options: dict):
+def _build_gpu(plan: Plan, tgt: Target, dump: Path | None, options: dict,
+               db: TuningDB | None = None):
     """Triton backend: options ``aot`` (False: render the plan without binaries, for
-    interpreted runs) and ``allow_tf32`` (fp32 GEMMs on TF32 tensor cores)."""
+    interpreted runs) and ``allow_tf32`` (fp32 GEMMs on TF32 tensor cores); launch
+    configurations from ``db`` where it has records for these features (``deploy tune``)."""
     from .backends.triton.build import build_gpu
-    return build_gpu(plan.kernels, tgt, dump, aot=options.get("aot", True),
-                     allow_tf32=options.get("allow_tf32", False), host_ops=plan.host_ops)
+    from .backends.triton.tune import gpu_features
+    tf32 = options.get("allow_tf32", False)
+    feats = gpu_features(tgt, tf32)
+    tuned = {k.name: rec for k in plan.kernels
+             if db is not None and (rec := db.lookup(k.structural_hash(), feats)) is not None}
+    return build_gpu(plan.kernels, tgt, dump, aot=options.get("aot", True), allow_tf32=tf32,
+                     host_ops=plan.host_ops, tuned=tuned, constants=_kernel_constants(plan))
+
+
+def _kernel_constants(plan: Plan) -> dict[str, dict]:
+    """Kernel name -> {input buffer name: constant value} (the Triton attention template
+    reads its masks' values to skip causally masked blocks)."""
+    steps = [s for s in plan.steps if s["kind"] == "kernel"]
+    return {k.name: {b.name: plan.constants[v] for b, v in zip(k.inputs, s["inputs"])
+                     if v in plan.constants}
+            for k, s in zip(plan.kernels, steps) if len(k.inputs) == len(s["inputs"])}
 
 
 def _build(plan: Plan, tgt: Target, dump: Path | None,
@@ -316,6 +407,7 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
         src = renderer.kernel(k, sched)
         sources.append(src)
         info.append({"symbol": k.name, "note": k.note, "hash": h, "tuned": tuned is not None,
+                     "work": sum(stage_work(st) for st in k.stages),
                      "schedule": [s.describe() for s in sched]})
     if not plan.host_ops:
         sources.append(_entry_point(plan))

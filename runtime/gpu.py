@@ -2,13 +2,16 @@
 
 At load: one device allocation holds every tensor (weights, inputs, the memory plan's arena,
 outputs, the kernels' temporaries, Triton's scratch); weights are copied in once; every launch
-of the plan is prepared with its final pointers. A run copies the inputs in, launches the plan
-and copies the outputs back. After the first run the whole plan is captured in a CUDA graph and
-later runs replay it (``DEPLOY_CUDA_GRAPH=0`` turns that off). Runs on one module are serialized
-(they share the device buffers), so concurrent ``run`` calls are safe.
+of the plan is prepared with its final pointers. A run copies the inputs in (numpy: host to
+device; DLPack device tensors: device to device, ``dlpack.py``), launches the plan and copies the
+outputs out (to numpy, or to fresh ``DeviceArray``s when the inputs were device tensors). After
+the first run the whole plan is captured in a graph and later runs replay it
+(``DEPLOY_CUDA_GRAPH=0`` turns that off). Runs on one module are serialized (they share the
+device buffers), so concurrent ``run`` calls are safe.
 
-The device is an object with a small interface (``cuda_driver.CudaDevice``: the CUDA driver API
-through ctypes; the compiler's tests plug in a CPU device that runs the same plan under
+The device is an object with a small interface (``driver.py``; ``cuda_driver.CudaDevice`` and
+``hip_driver.HipDevice`` bind the CUDA and HIP APIs through ctypes, chosen by the artifact's
+binaries; the compiler's tests plug in a CPU device that runs the same plan under
 ``TRITON_INTERPRET=1``). Imports nothing from the compiler, nor torch or triton.
 """
 from __future__ import annotations
@@ -18,7 +21,8 @@ import threading
 
 import numpy as np
 
-from ..errors import ArtifactError, DeployError
+from ..errors import ArtifactError, DeployError, InputError
+from . import dlpack
 from .artifact import read_artifact
 from .dtypes import storage_dtype, user_dtype
 from .specs import TensorSpec, validate_inputs
@@ -140,24 +144,94 @@ class GpuModule:
         return self.device.prepare(fn, launch, args)
 
     # ---- running --------------------------------------------------------------------------------
-    def run(self, inputs) -> list[np.ndarray]:
-        """Run on ``inputs`` (dict name -> array, or list in input order); outputs in order."""
-        arrays = validate_inputs(self.input_specs, inputs)
+    def run(self, inputs, *, device_outputs: bool | None = None) -> list:
+        """Run on ``inputs`` (dict name -> array, or list in input order); outputs in order.
+
+        An input is a numpy array (copied in) or a DLPack tensor on this module's device
+        (torch/cupy CUDA tensors, ``DeviceArray``: copied device to device on the module's
+        stream, never through the host). Outputs are numpy arrays, or ``DeviceArray``s (DLPack,
+        zero-copy into ``torch.from_dlpack``) when any input was a device tensor;
+        ``device_outputs`` forces either kind."""
+        items, on_device = self._inputs(inputs)
+        device_out = on_device if device_outputs is None else device_outputs
+        if device_out and getattr(self.device, "dlpack_device", None) is None:
+            raise InputError(f"{self.path}: this device ({type(self.device).__name__}) returns "
+                             "numpy arrays only")
         dev = self.device
         with self._lock:
             dev.activate()
-            for vid, arr in zip(self.manifest["input_ids"], arrays):
-                dev.upload(self.ptr[vid], arr)
+            for vid, x in zip(self.manifest["input_ids"], items):
+                if isinstance(x, dlpack.View):
+                    dev.copy(self.ptr[vid], x.ptr, x.nbytes)
+                else:
+                    dev.upload(self.ptr[vid], x)
             self._execute()
-            outs = []
-            for vid in self.manifest["output_ids"]:
-                dtype, shape = self.values[vid]
-                host = np.empty(shape, dtype)
-                dev.download(self.ptr[vid], host)
-                outs.append(host)
-            dev.synchronize()
-        return [o.view(user_dtype(s.dtype)) if s.dtype == "bfloat16" else o
-                for o, s in zip(outs, self.output_specs)]
+            outs = [self._output(vid, spec, device_out)
+                    for vid, spec in zip(self.manifest["output_ids"], self.output_specs)]
+            dev.synchronize()  # inputs copied (their capsules may go), outputs complete
+        return outs
+
+    def _output(self, vid: int, spec: TensorSpec, on_device: bool):
+        dtype, shape = self.values[vid]
+        dev = self.device
+        if on_device:
+            nbytes = self._nbytes(vid)
+            ptr = dev.alloc(max(nbytes, 1), zero=False)
+            dev.copy(ptr, self.ptr[vid], nbytes)
+            return dlpack.DeviceArray(ptr, shape, spec.dtype, dev.dlpack_device, free=dev.free,
+                                      download=self._download)
+        host = np.empty(shape, dtype)
+        dev.download(self.ptr[vid], host)
+        return host.view(user_dtype(spec.dtype)) if spec.dtype == "bfloat16" else host
+
+    def _download(self, ptr: int, host: np.ndarray) -> None:
+        with self._lock:  # the stream is shared: not while a run captures a graph on it
+            self.device.activate()
+            self.device.download(ptr, host)
+            self.device.synchronize()
+
+    # ---- inputs ---------------------------------------------------------------------------------
+    def _inputs(self, inputs) -> tuple[list, bool]:
+        """Per input (in spec order) a host array or a ``dlpack.View`` of device memory, and
+        whether any input was on the device."""
+        given = _ordered(self.input_specs, inputs)
+        on_device = [self._is_device(spec, x) for spec, x in zip(self.input_specs, given)]
+        if not any(on_device):
+            return validate_inputs(self.input_specs, given), False
+        items = [self._device_view(spec, x) if d else validate_inputs([spec], [x])[0]
+                 for spec, x, d in zip(self.input_specs, given, on_device)]
+        return items, True
+
+    def _is_device(self, spec: TensorSpec, x) -> bool:
+        """True for a DLPack tensor in this device's memory; False for numpy and host tensors."""
+        where = dlpack.dlpack_device(x)
+        if where is None:
+            return False
+        mine = getattr(self.device, "dlpack_device", None)
+        if mine is not None and where[0] in dlpack.SAME_MEMORY.get(mine[0], ()):
+            return True
+        if where[0] in dlpack.HOST_MEMORY:
+            return False
+        runs_on = dlpack.device_name(mine) if mine else f"{type(self.device).__name__} (numpy only)"
+        raise InputError(f"input '{spec.name}': expected a numpy array or a tensor on "
+                         f"{runs_on}, got a tensor on {dlpack.device_name(where)}")
+
+    def _device_view(self, spec: TensorSpec, x) -> dlpack.View:
+        dev = self.device
+        stream = getattr(dev, "stream", None)
+        stream = getattr(stream, "value", stream) if dev.dlpack_device[0] != dlpack.CPU else None
+        v = dlpack.view(x, stream, what=f"input '{spec.name}'")
+        if v.device[1] != dev.dlpack_device[1]:
+            raise InputError(f"input '{spec.name}': expected a tensor on "
+                             f"{dlpack.device_name(dev.dlpack_device)} (this module's device), "
+                             f"got one on {dlpack.device_name(v.device)}")
+        if not (v.dtype == spec.dtype or (spec.dtype == "bfloat16" and v.dtype == "uint16")):
+            raise InputError(f"input '{spec.name}': expected dtype {spec.dtype}, got {v.dtype} "
+                             f"(convert it with .to(torch.{spec.dtype}) or .astype(...))")
+        if v.shape != tuple(spec.shape):
+            raise InputError(f"input '{spec.name}': expected shape {list(spec.shape)}, got "
+                             f"{list(v.shape)} (the artifact is compiled for fixed shapes)")
+        return v
 
     def _execute(self) -> None:
         dev = self.device
@@ -196,13 +270,44 @@ def _scratch_bytes(launch: dict) -> int:
     return size * gx * gy * gz
 
 
+# binary kind -> the driver API that loads it
+API_OF_BINARY = {"cubin": "cuda", "ptx": "cuda", "hsaco": "hip"}
+
+
+def artifact_api(gpu: dict, path="") -> str:
+    """``cuda`` or ``hip``: from the binaries the plan names, checked against ``gpu["api"]``."""
+    kinds = {kind for plan in gpu["kernels"].values() for launch in plan["launches"]
+             for kind in launch.get("binaries", {})}
+    apis = {API_OF_BINARY.get(k, k) for k in kinds} or {gpu.get("api")}
+    if len(apis) != 1 or gpu.get("api") not in apis:
+        raise ArtifactError(f"{path}: binaries of kinds {sorted(kinds)} do not match the "
+                            f"artifact's GPU API {gpu.get('api')!r}")
+    return apis.pop()
+
+
 def default_device(gpu: dict, path=""):
-    """The driver for the artifact's API: CUDA (ctypes over libcuda). AMD artifacts carry
-    hsaco binaries, which this runtime cannot launch yet."""
-    if gpu.get("api") != "cuda":
-        raise ArtifactError(f"{path}: this runtime launches CUDA artifacts; loading "
-                            f"{gpu.get('api')} ({gpu.get('arch')}) binaries is not implemented yet")
+    """The driver for the artifact's binaries: CUDA (cubin/PTX through libcuda) or HIP (hsaco
+    through libamdhip64), both by ctypes."""
     if not gpu.get("aot"):
         raise ArtifactError(f"{path}: compiled without binaries (aot=False); recompile it")
-    from .cuda_driver import CudaDevice
-    return CudaDevice()
+    api = artifact_api(gpu, path)
+    if api == "cuda":
+        from .cuda_driver import CudaDevice
+        return CudaDevice()
+    if api == "hip":
+        from .hip_driver import HipDevice
+        return HipDevice()
+    raise ArtifactError(f"{path}: GPU API {api!r} ({gpu.get('arch')}); this runtime launches "
+                        "cuda (cubin/ptx) and hip (hsaco) binaries")
+
+
+def _ordered(specs: list[TensorSpec], given) -> list:
+    """``given`` (dict by name or list) in spec order; mismatches raise validate_inputs' error."""
+    if isinstance(given, dict):
+        if set(given) != {s.name for s in specs}:
+            validate_inputs(specs, given)  # raises: names do not match
+        return [given[s.name] for s in specs]
+    given = list(given)
+    if len(given) != len(specs):
+        validate_inputs(specs, given)  # raises: wrong count
+    return given

@@ -120,11 +120,11 @@ def operand_ok(e: Expr) -> bool:
     return isinstance(e, Load)
 
 
-MR, NR = 4, 32  # 4 rows x 2 AVX-512 vectors of 16 floats: 8 accumulator registers
+MR, NR = 6, 64  # 6 rows x 4 AVX-512 vectors: 24 accumulator registers (measured best on ResNet-50)
 
 # The tuning space declared beside the rule, in levels: (mr, nr) register-tile shapes.
 GEMM_SPACE = {
-    "quick": [(4, 32), (6, 32), (8, 16), (2, 64), (4, 16)],
+    "quick": [(6, 64), (4, 64), (4, 32), (8, 32), (6, 32), (8, 16)],
     "full": [(mr, nr) for mr in (1, 2, 3, 4, 5, 6, 8, 12) for nr in (16, 32, 48, 64)
              if mr * nr // 16 <= 24],
 }
@@ -149,8 +149,11 @@ def rule_gemm_tile(stage: Stage, mr: int = MR, nr: int = NR) -> StageSchedule | 
         j, i, a, b = only_y[-1], only_x[-1], x, y
     else:
         j, i, a, b = only_x[-1], only_y[-1], y, x
-    if stage.extents[j] < 8 or stage.extents[i] < mr:
+    if stage.extents[j] < 8:
         return None
+    # a tile no larger than the problem: few rows keep every row, narrow outputs whole vectors
+    mr = min(mr, stage.extents[i])
+    nr = min(nr, -(-stage.extents[j] // 16) * 16) if nr % 16 == 0 else nr
     outer = [k for k in range(len(stage.vars)) if k not in (i, j)]
     outer_points = 1
     for k in outer:

@@ -167,3 +167,120 @@ def test_runtime_needs_neither_torch_nor_triton(tmp_path):
                        cwd=tmp_path, check=False)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1]) == []
+
+
+# ---- DLPack: torch (and cupy) CUDA tensors in, DeviceArrays out ---------------------------------
+
+def cuda_torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA")
+    return torch
+
+
+def test_dlpack_torch_cuda_in_and_out(tmp_path):
+    torch = cuda_torch()
+    from deploy.runtime.dlpack import DeviceArray
+    model = mlp()
+    _, mod = compiled(model, tmp_path)
+    x = rand(32, 64)
+    (y,) = mod.run({"x": torch.from_numpy(x).cuda()})
+    assert isinstance(y, DeviceArray) and y.__dlpack_device__() == (2, 0)
+    yt = torch.from_dlpack(y)
+    assert yt.is_cuda and yt.data_ptr() == y.ptr and yt.dtype == torch.float32  # zero-copy
+    np.testing.assert_allclose(yt.cpu().numpy(), run_ort(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y.numpy(), yt.cpu().numpy())
+    (host,) = mod.run({"x": x})  # numpy in, numpy out
+    assert isinstance(host, np.ndarray)
+
+
+def test_dlpack_waits_for_the_producers_stream(tmp_path):
+    """The input is still being computed on torch's stream when run starts: __dlpack__(stream=)
+    makes the module's stream wait for it."""
+    torch = cuda_torch()
+    model = mlp()
+    _, mod = compiled(model, tmp_path)
+    big = torch.randn(4096, 4096, device="cuda")
+    for _ in range(3):
+        slow = big
+        for _ in range(8):
+            slow = slow @ big / 64.0  # ms of work queued on torch's current stream
+        x = (slow[:32, :64] / (slow[:32, :64].abs().max() + 1)).contiguous()
+        (y,) = mod.run({"x": x})
+        ref = run_ort(model, {"x": x.cpu().numpy()})[0]
+        np.testing.assert_allclose(torch.from_dlpack(y).cpu().numpy(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_dlpack_outputs_outlive_the_module_and_free_once(tmp_path):
+    torch = cuda_torch()
+    import gc
+
+    from deploy.runtime import dlpack
+    model = mlp(batch=8)
+    _, mod = compiled(model, tmp_path)
+    x = rand(8, 64)
+    yt = torch.from_dlpack(mod.run({"x": torch.from_numpy(x).cuda()})[0])
+    del mod
+    gc.collect()
+    np.testing.assert_allclose(yt.cpu().numpy(), run_ort(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    del yt
+    gc.collect()
+    torch.cuda.synchronize()
+    assert dlpack.live_exports() == 0
+
+
+def test_dlpack_fp16_and_errors(tmp_path):
+    torch = cuda_torch()
+    from deploy.errors import InputError
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])],
+                       [("a", np.float16, [64, 96]), ("b", np.float16, [96, 80])],
+                       [("y", np.float16, [64, 80])])
+    _, mod = compiled(model, tmp_path)
+    a, b = rand(64, 96, dtype=np.float16), rand(96, 80, dtype=np.float16)
+    (y,) = mod.run({"a": torch.from_numpy(a).cuda(), "b": torch.from_numpy(b).cuda()})
+    yt = torch.from_dlpack(y)
+    assert yt.dtype == torch.float16 and yt.shape == (64, 80)
+    np.testing.assert_allclose(yt.cpu().numpy(), run_ort(model, {"a": a, "b": b})[0],
+                               rtol=2e-2, atol=2e-2)
+    with pytest.raises(InputError, match="expected a contiguous"):
+        mod.run({"a": torch.from_numpy(a).cuda(), "b": torch.zeros(80, 96, device="cuda").half().t()})
+    with pytest.raises(InputError, match="expected dtype float16, got float32"):
+        mod.run({"a": torch.from_numpy(a).cuda().float(), "b": torch.from_numpy(b).cuda()})
+    # a CPU tensor is host memory: copied in like numpy
+    (host_in,) = mod.run({"a": torch.from_numpy(a), "b": torch.from_numpy(b).cuda()})
+    np.testing.assert_allclose(host_in.numpy(), yt.cpu().numpy())
+
+
+def test_dlpack_concurrent_runs(tmp_path):
+    torch = cuda_torch()
+    model = mlp(batch=16)
+    _, mod = compiled(model, tmp_path)
+    xs = [rand(16, 64) for _ in range(6)]
+    refs = [run_ort(model, {"x": x})[0] for x in xs]
+    errors = []
+
+    def worker(k):
+        try:
+            xt = torch.from_numpy(xs[k]).cuda()
+            for _ in range(5):
+                out = torch.from_dlpack(mod.run({"x": xt})[0])
+                np.testing.assert_allclose(out.cpu().numpy(), refs[k], rtol=1e-4, atol=1e-5)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_dlpack_cupy(tmp_path):
+    cp = pytest.importorskip("cupy")
+    model = mlp(batch=4)
+    _, mod = compiled(model, tmp_path)
+    x = rand(4, 64)
+    (y,) = mod.run({"x": cp.asarray(x)})
+    np.testing.assert_allclose(cp.asnumpy(cp.from_dlpack(y)), run_ort(model, {"x": x})[0],
+                               rtol=1e-4, atol=1e-5)

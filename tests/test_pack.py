@@ -4,6 +4,7 @@ import numpy as np
 from deploy.graph_ir.types import DType
 from deploy.tensor_ir.kernel import Buffer
 from deploy.tensor_ir.pack import Packing
+from deploy.tensor_ir.schedule import NR
 from onnx import helper
 
 from tests.util import check_against_ort, make_model
@@ -26,6 +27,7 @@ def test_packed_matmul_matches_ort_with_ragged_columns():
                        {"W": rng.standard_normal((40, n)).astype(np.float32)})
     art = deploy.compile(model)
     shapes = [v["shape"] for v in art.manifest["values"].values()]
-    assert [3, 40, 32] in shapes  # the packed weight: 3 panels of 40 x 32
+    nr = NR  # the default tile width
+    assert [-(-n // nr), 40, nr] in shapes  # the packed weight: ceil(70 / nr) panels of 40 x nr
     assert len(art.manifest["constants"]) == 1  # the unpacked original is not shipped
     check_against_ort(model, {"x": rng.standard_normal((12, 40)).astype(np.float32)})

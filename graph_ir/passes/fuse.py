@@ -52,7 +52,9 @@ def _pattern_after_join(g: Group, n: Node) -> str | None:
     """The group's pattern if ``n`` joins it, or None if the rules forbid it."""
     kind, shape = n.op.kind, tuple(n.outputs[0].shape)
     if g.pattern == "opaque":
-        return None
+        # a normalization's or softmax's result cast to half (--dtype) rounds at its store
+        single = len(g.nodes) == 1 and g.nodes[0].op.name in ("Normalize", "Softmax")
+        return "opaque" if single and n.op.name == "Cast" and shape == g.out_shape else None
     if _is_view(n):
         return g.pattern  # a reshape is indexing inside any kernel
     if g.pattern == "attention":  # closed, but for the movement back to the model's layout

@@ -1,7 +1,8 @@
 """The optimization pipeline: an explicit, named list of passes.
 
-Each pass is ``fn(graph, target) -> graph``. With DEPLOY_DEBUG >= 1 the verifier runs after every
-pass; with a dump directory the graph is written after every pass (``NN-name.txt``).
+Each pass is ``fn(graph, target, **options) -> graph``; ``PASS_OPTIONS`` names the compile
+options a pass reads (``precision`` reads ``dtype``). With DEPLOY_DEBUG >= 1 the verifier runs after
+every pass; with a dump directory the graph is written after every pass (``NN-name.txt``).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .fold import fold_constants
 from .fold_affine import fold_affine
 from .fuse import fuse
 from .layout import layout
+from .precision import convert_precision
 from .simplify import simplify
 
 PIPELINE = [
@@ -27,18 +29,22 @@ PIPELINE = [
     ("dce", dce),  # drop what no output needs
     ("fold_affine", fold_affine),  # BatchNorm (per-channel x*s+t) into conv weights and bias
     ("layout", layout),  # NHWC convolutions and pools where the target prefers them
+    ("precision", convert_precision),  # --dtype fp16/bf16: half compute, fp32 where sensitive
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
+PASS_OPTIONS = {"precision": ("dtype",)}  # pass name -> compile options it takes
 
 
-def run_pipeline(g: Graph, target, dump: Path | None = None) -> tuple[Graph, list[dict]]:
+def run_pipeline(g: Graph, target, dump: Path | None = None,
+                 options: dict | None = None) -> tuple[Graph, list[dict]]:
+    options = options or {}
     stats = []
     skip = config.disabled_passes()
     for k, (name, fn) in enumerate(PIPELINE, start=1):
         if name in skip:
             continue
         before, t0 = len(g.nodes), time.perf_counter()
-        g = fn(g, target)
+        g = fn(g, target, **{o: options[o] for o in PASS_OPTIONS.get(name, ()) if o in options})
         stats.append({"pass": name, "nodes_before": before, "nodes_after": len(g.nodes),
                       "seconds": round(time.perf_counter() - t0, 4)})
         if config.debug_level() >= 1:

@@ -1,0 +1,75 @@
+"""The CUDA driver binding (``CudaDevice``) and its DLPack path over the fake driver of
+tests/test_hip_fake.py (libcuda's names): an ``h100`` artifact compiled deviceless, cubin vs PTX
+choice, kernelParams, device-to-device input copies and DeviceArray outputs. The same code runs
+for real in tests/test_gpu_runtime.py (marked ``gpu``)."""
+from __future__ import annotations
+
+import deploy
+import numpy as np
+import pytest
+from deploy.errors import DeployError
+from deploy.runtime import dlpack
+from deploy.runtime.artifact import read_artifact
+from deploy.runtime.gpu import artifact_api
+
+from tests.test_hip_fake import STREAM, FakeDriver, gemm, launches, model, reference, row_sum
+
+pytest.importorskip("triton")
+RNG = np.random.default_rng(6)
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    return deploy.compile(model(), target="h100").save(tmp_path_factory.mktemp("cu") / "m.dpk")
+
+
+def loaded(artifact, monkeypatch, **fake_options):
+    from deploy.runtime import cuda_driver
+    fake = FakeDriver(kernels={"k0_s0": gemm, "k1_s0": row_sum}, **fake_options)
+    monkeypatch.setattr(cuda_driver, "_LIB", fake)
+    return deploy.load(artifact), fake
+
+
+def test_cubin_on_its_arch_ptx_elsewhere(artifact, monkeypatch):
+    contents = read_artifact(artifact)
+    mod, fake = loaded(artifact, monkeypatch)  # sm_90 artifact on an "sm_90" GPU
+    assert type(mod.device).__name__ == "CudaDevice" and mod.device.dlpack_device == (2, 0)
+    assert fake.images == [contents.members[p["binaries"]["cubin"]] for p in launches(mod.manifest)]
+    _, fake = loaded(artifact, monkeypatch, capability=(10, 0))  # a newer GPU: the driver JITs PTX
+    assert fake.images == [contents.members[p["binaries"]["ptx"]] + b"\0"
+                           for p in launches(mod.manifest)]
+    assert artifact_api(mod.manifest["gpu"]) == "cuda"
+
+
+def test_runs_and_replays_with_the_manifest_launches(artifact, monkeypatch):
+    mod, fake = loaded(artifact, monkeypatch)
+    for _ in range(2):
+        x = RNG.standard_normal((16, 32)).astype(np.float32)
+        for ours, ref in zip(mod.run({"x": x}), reference(x)):
+            np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    for rec, p in zip(fake.executed, launches(mod.manifest) * 2):
+        assert (rec["fn"], rec["grid"], rec["block"], rec["shared"]) == \
+               (p["fn"], p["grid"], p["block"], p["shared"])
+        assert rec["block"][0] == 32 * p["num_warps"] and len(rec["args"]) == p["params"]
+    assert len(fake.named("graph_launch")) == 1
+    assert not fake.named("func_attribute")  # no launch asks for more than 48 KB of shared memory
+
+
+def test_cuda_tensors_in_and_out(artifact, monkeypatch):
+    mod, fake = loaded(artifact, monkeypatch)
+    x = RNG.standard_normal((16, 32)).astype(np.float32)
+    ptr = mod.device.alloc(x.nbytes)
+    mod.device.upload(ptr, x)
+    y, s = mod.run({"x": dlpack.DeviceArray(ptr, x.shape, "float32", (2, 0))})
+    assert y.__dlpack_device__() == (2, 0) and y.shape == (16, 16) and y.dtype == "float32"
+    np.testing.assert_allclose(s.numpy(), reference(x)[1], rtol=1e-5, atol=1e-5)
+    first = fake.named("dtod")[0]
+    assert first == {"dst": mod.ptr[mod.manifest["input_ids"][0]], "src": ptr,
+                     "bytes": x.nbytes, "stream": STREAM}
+
+
+def test_driver_errors_carry_the_driver_name(artifact, monkeypatch):
+    with pytest.raises(DeployError, match=r"CUDA driver: cuLaunchKernel\(k0_s0\) failed with 700 "
+                                          r"\(CUDA_ERROR_FAKE_700"):
+        mod, _ = loaded(artifact, monkeypatch, fail={"cuLaunchKernel": 700})
+        mod.run({"x": np.ones((16, 32), np.float32)})
