@@ -22,6 +22,21 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+ALIGN = 64  # bytes: a cache line, one AVX-512 vector
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """``nbytes`` uninitialized bytes starting on an ALIGN boundary (numpy guarantees 16)."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes]
+
+
+def aligned_array(shape, dtype) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    return aligned_empty(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize).view(dtype).reshape(shape)
+
+
 def array_bytes(arr: np.ndarray) -> bytes:
     if arr.dtype.name == "bfloat16":
         arr = arr.view(np.uint16)  # .npy has no bfloat16: store the bits
@@ -51,7 +66,10 @@ class ArtifactContents:
         """A weight array (read once; variants of one artifact share it)."""
         cache = self.__dict__.setdefault("_arrays", {})
         if name not in cache:
-            cache[name] = np.load(io.BytesIO(self.members[name]), allow_pickle=False)
+            arr = np.load(io.BytesIO(self.members[name]), allow_pickle=False)
+            aligned = aligned_array(arr.shape, arr.dtype)
+            aligned[...] = arr  # vector loads of weight panels must not straddle cache lines
+            cache[name] = aligned
         return cache[name]
 
 

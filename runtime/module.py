@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ArtifactError, InputError
-from .artifact import read_artifact
+from .artifact import aligned_array, aligned_empty, read_artifact
 from .dtypes import storage_dtype, user_dtype
 from .gpu import GpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
@@ -143,7 +143,7 @@ class Module:
     def _new_workspace(self) -> Workspace:
         with self._pool_lock:
             self.workspaces_made += 1
-        arena = np.empty(self._arena_bytes, np.uint8) if self._arena_bytes else None
+        arena = aligned_empty(self._arena_bytes) if self._arena_bytes else None
         ptrs = (ctypes.c_void_p * max(self._n_values, 1))()
         planned = {vid: self._alloc(vid, arena) for vid in self._offsets if vid in self.values}
         for vid, arr in (*self.constants.items(), *planned.items()):
@@ -157,7 +157,7 @@ class Module:
             ptrs[vid] = _address(arr)
         fresh = []
         for vid, dtype, shape in self._fresh:
-            arr = np.empty(shape, dtype)
+            arr = aligned_array(shape, dtype)
             ptrs[vid] = _address(arr)
             fresh.append(arr)
         self._entry(ptrs)
@@ -217,7 +217,7 @@ class Module:
         dtype, shape = self.values[vid]
         offset = self._offsets.get(vid)
         if offset is None:
-            return np.empty(shape, dtype)
+            return aligned_array(shape, dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return arena[offset:offset + nbytes].view(dtype).reshape(shape)
 

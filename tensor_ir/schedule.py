@@ -92,10 +92,10 @@ def rule_contraction(stage: Stage) -> StageSchedule | None:
 
 def single_sum(stage: Stage) -> Reduce | None:
     """The stage's one float SUM reduction (its epilogue is the rest of the body), or None."""
-    reds = [x for x in walk(stage.body) if isinstance(x, Reduce)]
+    reds = {x for x in walk(stage.body) if isinstance(x, Reduce)}  # an epilogue may use it twice
     if len(reds) != 1:
         return None
-    red = reds[0]
+    red = next(iter(reds))
     ok = (red.op is R.SUM and red.dtype.is_float and red.dtype.c_type in ("float", "double")
           and stage.body.dtype is red.dtype and stage.store_index is None)
     return red if ok else None

@@ -13,8 +13,9 @@ static inline uint16_t dp_f32_to_bf16(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even */
     return (uint16_t)(u >> 16);
 }
-#define DP_MAX(a, b) ((a) > (b) || (a) != (a) ? (a) : (b))
-#define DP_MIN(a, b) ((a) < (b) || (a) != (a) ? (a) : (b))
+/* NaN-propagating max/min; | (not ||) keeps them branch-free, so they vectorize */
+#define DP_MAX(a, b) (((a) > (b)) | ((a) != (a)) ? (a) : (b))
+#define DP_MIN(a, b) (((a) < (b)) | ((a) != (a)) ? (a) : (b))
 #define DP_SIGN(a) ((a) > 0 ? 1 : ((a) < 0 ? -1 : 0))
 static inline int64_t dp_pymod_i(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline uint64_t dp_pymod_u(uint64_t a, uint64_t b) { return a % b; }
@@ -23,3 +24,16 @@ static inline int64_t dp_ipow(int64_t a, int64_t b) { int64_t r = 1; if (b < 0) 
 typedef float dp_f32x16 __attribute__((vector_size(64)));
 static inline dp_f32x16 dp_load16(const float* p) { dp_f32x16 v; memcpy(&v, p, 64); return v; }
 static inline void dp_store16(float* p, dp_f32x16 v) { memcpy(p, &v, 64); }
+/* Kernel temporaries live in one buffer per calling thread, grown to the largest kernel's need
+   and kept between calls: no allocation (or page faults) per run, and concurrent runs from other
+   threads use their own. */
+static __thread char* dp_scratch_buf;
+static __thread size_t dp_scratch_cap;
+static inline void* dp_scratch(size_t n) {
+  if (n > dp_scratch_cap) {
+    free(dp_scratch_buf);
+    dp_scratch_buf = (char*)aligned_alloc(64, (n + 63) / 64 * 64);
+    dp_scratch_cap = dp_scratch_buf ? n : 0;
+  }
+  return dp_scratch_buf;
+}

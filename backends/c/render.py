@@ -111,16 +111,19 @@ class CRenderer:
             ctype = b.dtype.c_type
             qual = "const " if pos < len(k.inputs) else ""
             lines.append(f"  {qual}{ctype}* restrict {_ident(b.name)} = ({qual}{ctype}*)args[{pos}];")
+        offset = 0
+        if k.temps:  # carved from the calling thread's scratch buffer (kept between calls)
+            total = sum(_align64(max(t.numel, 1) * t.dtype.itemsize) for t in k.temps)
+            lines.append(f"  char* scratch_ = (char*)dp_scratch({total});")
         for t in k.temps:
             lines.append(f"  {t.dtype.c_type}* restrict {_ident(t.name)} = "
-                         f"({t.dtype.c_type}*)malloc({max(t.numel, 1)} * sizeof({t.dtype.c_type}));")
+                         f"({t.dtype.c_type}*)(scratch_ + {offset});")
+            offset += _align64(max(t.numel, 1) * t.dtype.itemsize)
         for view, base in k.aliases:  # the same memory, indexed with another shape
             lines.append(f"  {view.dtype.c_type}* {_ident(view.name)} = "
                          f"({view.dtype.c_type}*){_ident(base)};")
         for stage, sched in zip(k.stages, schedules):
             lines.extend(self.stage(stage, sched))
-        for t in k.temps:
-            lines.append(f"  free({_ident(t.name)});")
         lines.append("}")
         return "\n".join(line for line in lines if line) + "\n"
 
@@ -462,6 +465,10 @@ class CRenderer:
     def _fresh(self, prefix: str) -> str:
         self._tmp += 1
         return f"{prefix}{self._tmp}"
+
+
+def _align64(n: int) -> int:
+    return -(-n // 64) * 64
 
 
 def _ident(name: str) -> str:

@@ -29,8 +29,12 @@ def _align(n: int) -> int:
 
 
 def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = True,
-              allow_tf32: bool = False, host_ops=()) -> tuple[dict[str, bytes], list[dict], dict]:
-    """Returns (artifact members, per-kernel info for the manifest, manifest additions)."""
+              allow_tf32: bool = False, host_ops=(),
+              tuned: dict[str, dict] | None = None, constants: dict[str, dict] | None = None
+              ) -> tuple[dict[str, bytes], list[dict], dict]:
+    """Returns (artifact members, per-kernel info for the manifest, manifest additions).
+    ``tuned``: kernel name -> {stage: launch parameters} from the tuning database;
+    ``constants``: kernel name -> {input buffer: value} (lets attention prove a mask causal)."""
     if host_ops:
         raise NotImplementedYetError(
             f"target {tgt.name}: host ops ({', '.join(sorted(set(host_ops)))}) have data-dependent "
@@ -38,13 +42,13 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
     renderer = TritonRenderer(tgt, allow_tf32=allow_tf32)
     plans, unique, info = {}, {}, []
     for k in kernels:
-        fused = fuse_stages(k)
-        fns = [_shared(f, unique) for f in renderer.kernel(fused)]
+        fused = fuse_stages(k, (constants or {}).get(k.name))
+        fns = [_shared(f, unique) for f in renderer.kernel(fused, (tuned or {}).get(k.name))]
         temps, temp_bytes = _temp_layout(fused)
         plans[k.name] = {"launches": [_launch(f, fused, temps, tgt.warp_size or 32) for f in fns],
                          "temp_bytes": temp_bytes}
         info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
-                     "tuned": False, "schedule": [_describe(f) for f in fns]})
+                     "tuned": k.name in (tuned or {}), "schedule": [_describe(f) for f in fns]})
     functions = list(unique.values())
     source = TritonRenderer.module(functions)
     if dump:

@@ -1,14 +1,27 @@
-"""Default launch configurations of the Triton templates (block sizes, warps, pipeline depth).
+"""Launch configurations of the Triton templates (block sizes, warps, pipeline depth).
 
-These are the untuned defaults: sizes follow the problem (powers of two, capped), and a GEMM's
-software-pipeline depth is what fits the target's shared memory. The tuning space for GPUs will
-sit beside these functions (issue: GPU tuning).
+Defaults follow the problem and the target, with no measuring:
+
+- GEMM tiles come from a small cost model (``gemm_cost``): the programs a tile shape gives are
+  spread over the target's multiprocessors in waves, each wave costs a tile's work divided by the
+  tile's efficiency (its arithmetic intensity ``bm*bn/(bm+bn)`` against the target's need), so a
+  batch-1 transformer GEMM (M=128) gets small tiles that fill the GPU and a batch-32 convolution
+  (M=100352) gets large ones. Tensor-core GEMMs (fp16/bf16, or TF32) need larger tiles than
+  fp32 IEEE GEMMs (FMA units); on sm_90 a tile of fewer than 64 rows cannot use ``wgmma``.
+- ``BK``, warps and pipeline stages follow the tile, the operand size and the shared memory.
+- Reductions keep enough programs to cover the multiprocessors.
+
+``gemm_space`` / ``reduction_space`` are the small tuning spaces beside these defaults
+(``backends/triton/tune.py`` measures them on a GPU); a tuned record overrides the default of one
+stage through ``tuned=`` (validated: a malformed record falls back to the default).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 DEFAULT_SHARED = 48 * 1024  # bytes of shared memory a block may use when no target says
+DEFAULT_SMS = 80  # multiprocessors assumed when no target says
+SHORT_REDUCTION = 16  # reductions this short over many outputs loop lane by lane
 
 
 @dataclass(frozen=True)
@@ -23,6 +36,10 @@ class ReductionConfig(LaunchConfig):
     xblock: int = 1  # output points per program
     rblock: int = 1  # reduction lanes per loop step
 
+    def params(self) -> dict:
+        return {"template": "reduction", "xblock": self.xblock, "rblock": self.rblock,
+                "num_warps": self.num_warps}
+
 
 @dataclass(frozen=True)
 class GemmConfig(LaunchConfig):
@@ -30,6 +47,10 @@ class GemmConfig(LaunchConfig):
     bn: int = 64
     bk: int = 32
     group_m: int = 8  # row tiles that share a column tile (L2 reuse)
+
+    def params(self) -> dict:
+        return {"template": "gemm", "bm": self.bm, "bn": self.bn, "bk": self.bk,
+                "num_warps": self.num_warps, "num_stages": self.num_stages}
 
 
 def pow2(n: int) -> int:
@@ -40,33 +61,235 @@ def pow2(n: int) -> int:
     return p
 
 
+def _is_pow2(n) -> bool:
+    return isinstance(n, int) and n >= 1 and n & (n - 1) == 0
+
+
 def _warps(elements: int) -> int:
     return 8 if elements >= 4096 else 4 if elements >= 512 else 2 if elements >= 128 else 1
 
+
+def _sms(target) -> int:
+    return int(getattr(target, "sm_count", 0) or DEFAULT_SMS)
+
+
+def _shared(target) -> int:
+    return int(getattr(target, "shared_mem_per_block", 0) or DEFAULT_SHARED)
+
+
+def _amd(target) -> bool:
+    return getattr(target, "vendor", "nvidia") == "amd"
+
+
+def _sm(target) -> int:
+    """NVIDIA compute capability as an int (sm_90 -> 90), 0 when unknown or not NVIDIA."""
+    arch = str(getattr(target, "arch", "") or "")
+    digits = "".join(c for c in arch if c.isdigit())
+    return int(digits) if arch.startswith("sm_") and digits else 0
+
+
+# ---- pointwise ----------------------------------------------------------------------------------
 
 def pointwise_config(n: int) -> LaunchConfig:
     block = min(1024, pow2(n))
     return LaunchConfig(num_warps=_warps(block), block=block)
 
 
-def reduction_config(n: int, rn: int) -> ReductionConfig:
+# ---- reductions ---------------------------------------------------------------------------------
+
+def reduction_config(n: int, rn: int, target=None, tuned: dict | None = None) -> ReductionConfig:
+    """``n`` output points, each reducing ``rn`` values. ``RBLOCK`` covers the reduction (up to
+    1024 lanes, looping beyond); ``XBLOCK`` packs rows up to 4096 elements per program (a 3 x 3
+    max pool at batch 32 took 50 us so on an H200, 138 us at 2048) while at least one program
+    per multiprocessor remains (a 128 x 768 LayerNorm gets 128 programs, not 64)."""
+    cfg = _tuned_reduction(tuned, n, rn)
+    if cfg is not None:
+        return cfg
+    if rn <= SHORT_REDUCTION and n >= 4096:
+        # short windows over many outputs (pooling): one lane per output, the window walked
+        # in a loop, so that a warp's loads are consecutive outputs (coalesced)
+        xblock = min(1024, pow2(n))
+        return ReductionConfig(num_warps=_warps(xblock), xblock=xblock, rblock=1)
+    return _blocked_reduction(n, rn, target)
+
+
+def _blocked_reduction(n: int, rn: int, target) -> ReductionConfig:
     rblock = min(1024, pow2(rn))
-    xblock = min(pow2(n), max(1, 2048 // rblock))
+    xblock = min(pow2(n), max(1, 4096 // rblock))
+    while xblock > 1 and -(-n // xblock) < _sms(target):
+        xblock //= 2
     return ReductionConfig(num_warps=_warps(xblock * rblock), xblock=xblock, rblock=rblock)
 
 
-def gemm_config(m: int, n: int, k: int, target=None, half: bool = False) -> GemmConfig | None:
-    """Tiles for an M x N x K contraction; None when M or N is too small for ``tl.dot`` tiles
-    (the reduction template then runs it)."""
+def _tuned_reduction(tuned: dict | None, n: int, rn: int) -> ReductionConfig | None:
+    if not tuned or tuned.get("template") != "reduction":
+        return None
+    x, r, w = tuned.get("xblock"), tuned.get("rblock"), tuned.get("num_warps")
+    if not (_is_pow2(x) and _is_pow2(r) and _is_pow2(w)) or x * r > 8192 or w > 32:
+        return None
+    return ReductionConfig(num_warps=w, xblock=min(x, pow2(n)), rblock=min(r, pow2(rn)))
+
+
+def reduction_space(n: int, rn: int, target=None, limit: int = 8) -> list[ReductionConfig]:
+    """The default first, then other warps, XBLOCK and RBLOCK around it: at most ``limit``."""
+    base = reduction_config(n, rn, target)
+    rmax = min(4096, pow2(rn))
+    out = [base]
+
+    def add(x: int, r: int, w: int) -> None:
+        c = ReductionConfig(num_warps=w, xblock=x, rblock=r)
+        if 1 <= x <= pow2(n) and 1 <= r <= rmax and x * r <= 8192 and 1 <= w <= 16 and \
+                c not in out:
+            out.append(c)
+
+    b = base
+    if rn <= 4 * SHORT_REDUCTION:  # lane-by-lane loops, coalesced over outputs
+        for x in (1024, 512, 256):
+            add(min(x, pow2(n)), 1, _warps(min(x, pow2(n))))
+    if b.rblock == 1:  # and the blocked form
+        blocked = _blocked_reduction(n, rn, target)
+        add(blocked.xblock, blocked.rblock, blocked.num_warps)
+        add(blocked.xblock * 2, blocked.rblock, min(16, blocked.num_warps * 2))
+        b = blocked
+    for w in (b.num_warps // 2, b.num_warps * 2):
+        add(b.xblock, b.rblock, w)
+    for x in (b.xblock * 2, b.xblock // 2, b.xblock * 4):
+        add(x, b.rblock, _warps(x * b.rblock))
+    for r in (b.rblock // 2, b.rblock * 2):
+        add(b.xblock, r, _warps(b.xblock * r))
+        add(b.xblock * 2, r, _warps(b.xblock * 2 * r))
+    return out[:limit]
+
+
+# ---- GEMMs --------------------------------------------------------------------------------------
+
+def _tensor_cores(half: bool, tf32: bool) -> bool:
+    return half or tf32
+
+
+def gemm_cost(bm: int, bn: int, m: int, n: int, k: int, batch: int, target=None,
+              tensor_cores: bool = False) -> float:
+    """Relative time of an (bm x bn)-tiled M x N x K GEMM (``batch`` independent ones): waves of
+    programs over the multiprocessors times a tile's work over its efficiency."""
+    sms = _sms(target)
+    programs = -(-m // bm) * -(-n // bn) * batch
+    waves = -(-programs // sms)
+    # efficiency rises with the tile's arithmetic intensity; tensor cores need more of it
+    intensity = bm * bn / (bm + bn)
+    need = 40.0 if tensor_cores else 8.0
+    eff = intensity / (intensity + need)
+    if tensor_cores and _sm(target) >= 90 and bm < 64:
+        eff *= 0.6  # no wgmma below 64 rows: the older mma path
+    return waves * bm * bn * k / eff
+
+
+def _tile_sizes(extent: int, cap: int) -> list[int]:
+    return [t for t in (16, 32, 64, 128, 256) if t <= cap and (t <= pow2(extent) or t == 16)]
+
+
+def _tiles(m: int, n: int, tc: bool, target) -> list[tuple[int, int]]:
+    """Candidate (BM, BN). Tensor cores: up to 128 x 128, and 128 x 256 on NVIDIA. FMA (fp32
+    IEEE): up to 4096 outputs per program (measured on an H200: a 25088 x 512 x 256 convolution
+    took 161 us at 64 x 64 with 4 warps, 179 us at 128 x 128 with 8)."""
+    wide = 256 if tc and not _amd(target) else 128
+    most = 128 * wide if tc else 64 * 64
+    return [(bm, bn) for bm in _tile_sizes(m, 128) for bn in _tile_sizes(n, wide)
+            if bm * bn <= most]
+
+
+def gemm_config(m: int, n: int, k: int, target=None, half: bool = False, tf32: bool = False,
+                batch: int = 1, tuned: dict | None = None) -> GemmConfig | None:
+    """Tiles for ``batch`` M x N x K contractions; None when M or N is too small for ``tl.dot``
+    tiles (the reduction template then runs it). ``half``: fp16/bf16 operands; ``tf32``: fp32
+    operands on TF32 tensor cores; ``tuned``: a tuning record's parameters for this stage."""
     if m < 16 or n < 16:
         return None
-    cap = 128 if half else 64
-    bm, bn = min(cap, pow2(m)), min(cap, pow2(n))
-    bk = max(16, min(64 if half else 32, pow2(k)))
-    warps = 8 if bm * bn >= 128 * 128 else 4
+    cfg = _tuned_gemm(tuned, target, half)
+    if cfg is not None:
+        return cfg
+    tc = _tensor_cores(half, tf32)
+    _, _, bm, bn = min((gemm_cost(bm, bn, m, n, k, batch, target, tc), -bm * bn, bm, bn)
+                       for bm, bn in _tiles(m, n, tc, target))
+    return _complete(bm, bn, k, target, half, tc)
+
+
+def _complete(bm: int, bn: int, k: int, target, half: bool, tc: bool,
+              bk: int | None = None, warps: int | None = None) -> GemmConfig:
+    """BK, warps and stages for a tile: BK 64 for 2-byte operands, 32 otherwise (at most K);
+    warps by the accumulator's size; stages by the shared memory (half of it per program)."""
     elt = 2 if half else 4
-    per_stage = (bm * bk + bk * bn) * elt
-    shared = getattr(target, "shared_mem_per_block", 0) or DEFAULT_SHARED
-    amd = getattr(target, "vendor", "nvidia") == "amd"
-    stages = 2 if amd else max(2, min(4, shared // per_stage))
+    bk = bk or max(16, min(64 if half else 32, pow2(k)))
+    if warps is None:
+        if tc:  # sm_90's wgmma takes a warpgroup (4 warps) per 64 rows
+            wgmma = _sm(target) >= 90 and bm >= 64
+            warps = 8 if bm * bn >= 128 * 256 else 4 if bm * bn >= 64 * 64 or wgmma else 2
+        else:  # FMA: 8 to 32 accumulators per thread
+            warps = 4 if bm * bn >= 32 * 32 else 2
+    if _amd(target):
+        stages = 2
+    else:  # a quarter of the shared memory stays for the epilogue's layout conversion
+        per_stage = (bm * bk + bk * bn) * elt
+        budget = _shared(target) * 3 // 4 if _shared(target) > DEFAULT_SHARED else _shared(target)
+        stages = max(2, min(4, budget // per_stage))
     return GemmConfig(num_warps=warps, num_stages=stages, bm=bm, bn=bn, bk=bk)
+
+
+def _tuned_gemm(tuned: dict | None, target, half: bool) -> GemmConfig | None:
+    if not tuned or tuned.get("template") != "gemm":
+        return None
+    vals = [tuned.get(x) for x in ("bm", "bn", "bk", "num_warps", "num_stages")]
+    if not all(isinstance(v, int) for v in vals):
+        return None
+    bm, bn, bk, w, s = vals
+    if not all(_is_pow2(v) and v >= 16 for v in (bm, bn, bk)) or not _is_pow2(w) or \
+            not 1 <= s <= 8 or max(bm, bn, bk) > 256:
+        return None
+    if (bm * bk + bk * bn) * (2 if half else 4) * s > _shared(target):
+        return None  # would not fit this target's shared memory
+    return GemmConfig(num_warps=w, num_stages=s, bm=bm, bn=bn, bk=bk)
+
+
+def gemm_space(m: int, n: int, k: int, target=None, half: bool = False, tf32: bool = False,
+               batch: int = 1, limit: int = 12) -> list[GemmConfig]:
+    """The default first; then its pipeline one stage shallower and deeper; the cost model's
+    next-best tile shapes; BK and warps varied on the two best shapes: at most ``limit``."""
+    base = gemm_config(m, n, k, target, half, tf32, batch)
+    if base is None:
+        return []
+    tc = _tensor_cores(half, tf32)
+    elt = 2 if half else 4
+    out = [base]
+
+    def add(c: GemmConfig) -> None:
+        fits = (c.bm * c.bk + c.bk * c.bn) * elt * c.num_stages <= _shared(target)
+        if fits and c not in out:
+            out.append(c)
+
+    if not _amd(target):
+        for s in (base.num_stages - 1, base.num_stages + 1):
+            if 2 <= s <= 5:
+                add(GemmConfig(num_warps=base.num_warps, num_stages=s, bm=base.bm, bn=base.bn,
+                               bk=base.bk))
+    tiles = sorted((gemm_cost(bm, bn, m, n, k, batch, target, tc), -bm * bn, bm, bn)
+                   for bm, bn in _tiles(m, n, tc, target))
+    shapes = [(bm, bn) for _, _, bm, bn in tiles if (bm, bn) != (base.bm, base.bn)]
+    for bm, bn in shapes[:5]:
+        add(_complete(bm, bn, k, target, half, tc))
+    for bm, bn in [(base.bm, base.bn)] + shapes[:1]:
+        c = _complete(bm, bn, k, target, half, tc)
+        for bk in (c.bk * 2, c.bk // 2):
+            if 16 <= bk <= max(16, pow2(k)):
+                add(_complete(bm, bn, k, target, half, tc, bk=bk, warps=c.num_warps))
+        for w in (c.num_warps * 2, c.num_warps // 2):
+            if 1 <= w <= 8:
+                add(_complete(bm, bn, k, target, half, tc, warps=w))
+    return out[:limit]
+
+
+def describe(cfg: LaunchConfig) -> str:
+    if isinstance(cfg, GemmConfig):
+        return f"{cfg.bm}x{cfg.bn}x{cfg.bk} w{cfg.num_warps} s{cfg.num_stages}"
+    if isinstance(cfg, ReductionConfig):
+        return f"x{cfg.xblock} r{cfg.rblock} w{cfg.num_warps}"
+    return f"b{cfg.block} w{cfg.num_warps}"
+

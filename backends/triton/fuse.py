@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from ...tensor_ir.expr import Load, Reduce, Var, substitute, transform, walk
 from ...tensor_ir.kernel import Kernel, Stage
+from .attention import fuse_attention
 
 
-def fuse_stages(kernel: Kernel) -> Kernel:
+def fuse_stages(kernel: Kernel, constants: dict | None = None) -> Kernel:
+    """Fold stages pairwise, then replace attention runs by one fused stage (attention.py;
+    ``constants``: kernel input name -> value, which lets it prove a mask causal)."""
     stages = list(kernel.stages)
     k = 0
     while k + 1 < len(stages):
@@ -27,8 +30,8 @@ def fuse_stages(kernel: Kernel) -> Kernel:
     used = {s.out for s in stages} | {x.buf for s in stages for x in walk(s.body)
                                       if isinstance(x, Load)}
     temps = [t for t in kernel.temps if t.name in used]
-    return Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages, kernel.note,
-                  kernel.aliases)
+    return fuse_attention(Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages,
+                                 kernel.note, kernel.aliases), constants)
 
 
 def _merge(kernel: Kernel, stages: list[Stage], k: int) -> Stage | None:

@@ -35,6 +35,7 @@ from ...tensor_ir.expr import (
 )
 from ...tensor_ir.kernel import Kernel, Stage
 from ...tensor_ir.schedule import operand_ok
+from .attention import AttentionStage, render_attention
 from .config import GemmConfig, LaunchConfig, gemm_config, pointwise_config, reduction_config
 from .exprs import PRELUDE, PTR_TYPE, BufRef, Emitter, compute_dtype, tl_type
 
@@ -86,14 +87,16 @@ class TritonRenderer:
         self.target = target
         self.allow_tf32 = allow_tf32
 
-    def kernel(self, k: Kernel) -> list[TritonFunction]:
+    def kernel(self, k: Kernel, tuned: dict[int, dict] | None = None) -> list[TritonFunction]:
+        """``tuned``: stage index -> a tuning record's launch parameters for that stage."""
         refs, owner = kernel_buffers(k)
         wide = any(_numel(b.shape) >= BIG for b in (*k.inputs, *k.outputs, *k.temps))
         out = []
         for s, stage in enumerate(k.stages):
             if _numel(stage.extents) == 0:
                 continue  # nothing to write
-            fn = StageRenderer(self, f"{k.name}_s{s}", refs, wide).render(stage)
+            fn = StageRenderer(self, f"{k.name}_s{s}", refs, wide,
+                               (tuned or {}).get(s)).render(stage)
             fn.args = [owner[p] for p in fn.args]
             fn.stage = s
             out.append(fn)
@@ -106,20 +109,26 @@ class TritonRenderer:
 
 
 class StageRenderer:
-    def __init__(self, parent: TritonRenderer, name: str, refs: dict[str, BufRef], wide: bool):
+    def __init__(self, parent: TritonRenderer, name: str, refs: dict[str, BufRef], wide: bool,
+                 tuned: dict | None = None):
         self.parent = parent
+        self.tuned = tuned  # launch parameters from the tuning database, if any
         self.name = name
         self.refs = refs
         self.wide = wide
         self.em = Emitter(refs)
 
     def render(self, st: Stage) -> TritonFunction:
+        if isinstance(st, AttentionStage):
+            return render_attention(self, st)
         if _is_serial(st, self.refs):
             return self.serial(st)
         contraction = contraction_of(st)
         if contraction is not None:
             cfg = gemm_config(contraction.m, contraction.n, contraction.k, self.parent.target,
-                              contraction.half)
+                              contraction.half, tf32=self.parent.allow_tf32,
+                              batch=_numel([st.extents[k] for k in contraction.outer]),
+                              tuned=self.tuned)
             if cfg is not None:
                 return self.gemm(st, contraction, cfg)
         if any(isinstance(x, Reduce) for x in walk(st.body)):
@@ -176,7 +185,7 @@ class StageRenderer:
     def reduction(self, st: Stage) -> TritonFunction:
         n = _numel(st.extents)
         rn = max(_reduce_extent(r) for r in walk(st.body) if isinstance(r, Reduce))
-        cfg = reduction_config(n, rn)
+        cfg = reduction_config(n, rn, self.parent.target, self.tuned)
         em = self.em
         em.param(st.out)
         em.emit(f"xidx = {self._flat_index(n, 'XBLOCK', '[:, None]')}")

@@ -176,9 +176,9 @@ def _conv_direct(ctx: LowerCtx):
 
 
 def _conv_im2col(ctx: LowerCtx):
-    """Strided: cols[n, c, k..., o...] = the padded input pixel tap k of output o reads, then
-    ext[n, m, o...] = sum_{c, k} cols[n, c, k, o] * w[m, c, k]; the last output axis is padded
-    to whole vectors, and no index is divided."""
+    """Strided: cols[n, c, k..., p] = the padded input pixel tap k of output p reads (p: the
+    output positions flattened and padded to whole vectors, so small late-layer outputs still
+    fill the GEMM's columns), then ext[n, m, p] = sum_{c, k} cols[n, c, k, p] * w[m, c, k]."""
     x, w = ctx.ins[:2]
     bias = ctx.ins[2] if len(ctx.ins) > 2 else None
     out = ctx.out
@@ -188,32 +188,39 @@ def _conv_im2col(ctx: LowerCtx):
     kernel, cg = w.shape[2:], w.shape[1]
     mg = m // ctx.attr("group")
     sp, out_sp = x.shape[2:], out.shape[2:]
-    o_pad = out_sp[:-1] + (_round_up(out_sp[-1], VEC),)
+    n_out = _prod(out_sp)
+    p_pad = _round_up(n_out, VEC)
+    pitch = _pitches(out_sp)
     acc = compute_dtype(out.dtype)
-    cols = ctx.temp((n, x.shape[1]) + tuple(kernel) + o_pad, x.dtype)
+    cols = ctx.temp((n, x.shape[1]) + tuple(kernel) + (p_pad,), x.dtype)
 
-    def fill(b, ch, *ko):
-        ks, os_ = ko[:nsp], ko[nsp:]
+    def tap(b, ch, ks, os_, extra=()):
         pos = [os_[i] * s[i] + ks[i] * dil[i] - pads[i] for i in range(nsp)]
-        conds = [_inside(pos, sp)]
-        if o_pad[-1] != out_sp[-1]:
-            conds.append(binary(B.LT, os_[-1], out_sp[-1]))
-        return select(_all(conds), x[(b, ch, *pos)], const(0, x.dtype))
+        return select(_all([_inside(pos, sp), *extra]), x[(b, ch, *pos)], const(0, x.dtype))
 
-    in_place = o_pad == out_sp and acc is out.dtype
-    ext = out if in_place else ctx.temp((n, m) + o_pad, acc)
+    def fill(b, ch, *kp):  # p -> output position by division
+        ks, p = kp[:nsp], kp[nsp]
+        os_ = [binary(B.MOD, binary(B.FLOORDIV, p, pitch[i]), out_sp[i]) if i else
+               binary(B.FLOORDIV, p, pitch[i]) for i in range(nsp)]
+        return tap(b, ch, ks, os_, [binary(B.LT, p, n_out)] if p_pad != n_out else [])
 
-    def body(b, mm, *o):
+    fill_stage = compute(cols, fill)
+
+    in_place = p_pad == n_out and acc is out.dtype
+    ext = view(ctx, out, (n, m, p_pad)) if in_place else ctx.temp((n, m, p_pad), acc)
+
+    def body(b, mm, p):
         rv = reduce_vars((cg,) + tuple(kernel), "r")
         c, ks = rv[0][0], [v for v, _ in rv[1:]]
         chan = c if mg == m else binary(B.FLOORDIV, mm, mg) * cg + c
-        prod = cast(cols[(b, chan, *ks, *o)], acc) * cast(w[(mm, c, *ks)], acc)
+        prod = cast(cols[(b, chan, *ks, p)], acc) * cast(w[(mm, c, *ks)], acc)
         return Reduce(R.SUM, rv, prod, acc)
 
-    stages = [compute(cols, fill), compute(ext, body)]
+    stages = [fill_stage, compute(ext, body)]
     if in_place:
         return stages + _finish(ext, ext, bias)
-    return stages + [_copy_out(ext, out, bias, lambda o: list(o))]
+    return stages + [_copy_out(ext, out, bias, lambda o: [sum(
+        (o[i] * pitch[i] for i in range(nsp)), Const(0, INDEX))])]
 
 
 def _copy_out(ext: Buffer, out: Buffer, bias: Buffer | None, index) -> Stage:

@@ -1,0 +1,145 @@
+"""Per-kernel GPU time of a compiled GPU artifact: where the time goes.
+
+    python -m deploy.bench.gpu_profile model.dpk [--top 15] [--repeats 20] [--flush-l2] [--json F]
+
+Loads the artifact with the runtime's ``GpuModule`` (CUDA driver through ctypes), runs it once
+(which captures the CUDA graph), then launches every step of the plan on its own between CUDA
+events (median of ``--repeats``; ``--flush-l2`` overwrites 256 MB before each, else consecutive
+launches share L2 as they do in the graph). Prints the top kernels by time with their node, op,
+template, grid, block and launch configuration, the time per template and per op, and the sum of
+all launches against one replay of the CUDA graph (graph replay removes launch gaps, so the sum
+is usually a little larger). Needs an NVIDIA GPU; imports neither torch nor triton.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+CONFIG_KEYS = ("BM", "BN", "BK", "XBLOCK", "RBLOCK", "num_stages")
+
+
+def _feed(mod, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for s in mod.input_specs:
+        shape = tuple(int(d) for d in s.shape)
+        dt = np.dtype(s.dtype if s.dtype != "bfloat16" else "float32")
+        if dt.kind == "f":
+            out[s.name] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind in "iu":
+            out[s.name] = rng.integers(0, 2, shape).astype(dt)  # ids and masks: small values
+        else:
+            out[s.name] = rng.integers(0, 2, shape).astype(dt)
+    return out
+
+
+def launch_labels(manifest: dict) -> list[dict]:
+    """One label per launch, in the order ``GpuModule`` prepares them (steps, then launches)."""
+    by_symbol = {k["symbol"]: k["schedule"] for k in manifest["kernels"]}
+    out = []
+    for step in manifest["steps"]:
+        if step["kind"] != "kernel":
+            continue
+        plan = manifest["gpu"]["kernels"][step["symbol"]]
+        stages = by_symbol.get(step["symbol"], [])
+        for i, launch in enumerate(plan["launches"]):
+            s = stages[i] if i < len(stages) else {}
+            out.append({"symbol": step["symbol"], "stage": s.get("stage", i),
+                        "fn": launch["fn"], "node": step.get("node", ""),
+                        "op": step.get("op", ""), "template": launch["template"],
+                        "grid": launch["grid"][0] if launch["grid"][1:] == [1, 1]
+                        else launch["grid"], "block": launch["block"][0],
+                        "warps": launch["num_warps"], "shared": launch.get("shared", 0),
+                        "config": {k: v for k, v in s.items() if k in CONFIG_KEYS},
+                        "mnk": [s[k] for k in ("m", "n", "k")] if "m" in s else None,
+                        "tuned": False})
+    return out
+
+
+def profile(path: str, repeats: int = 20, flush: bool = False) -> dict:
+    """Per-launch medians (ms) and the graph replay median (ms) of the artifact at ``path``."""
+    from deploy.backends.triton.tune import EventTimer
+    from deploy.runtime.gpu import GpuModule
+    mod = GpuModule(path)
+    feed = _feed(mod)
+    mod.run(feed)
+    mod.run(feed)  # the first run captured the graph; this one replays it
+    dev = mod.device
+    timer = EventTimer(dev)
+    launches = getattr(mod, "_launches", None)
+    if launches is None:
+        raise SystemExit("this runtime's GpuModule has no prepared launch list (_launches)")
+    labels = launch_labels(mod.manifest)
+    if len(labels) != len(launches):
+        raise SystemExit(f"{len(labels)} labels for {len(launches)} launches: manifest and "
+                         "runtime disagree on the launch order")
+    tuned = {k["symbol"] for k in mod.manifest["kernels"] if k.get("tuned")}
+    for lab, x in zip(labels, launches):
+        lab["tuned"] = lab["symbol"] in tuned
+        lab["ms"] = timer.time_ms(lambda x=x: dev.launch(x), repeats, 3, flush)
+    graph = getattr(mod, "_graph", None)
+    replay = timer.time_ms(lambda: dev.replay(graph), repeats, 3, flush) if graph else None
+    sequential = timer.time_ms(lambda: [dev.launch(x) for x in launches], max(5, repeats // 4),
+                               1, flush)
+    return {"artifact": path, "target": mod.manifest["target"]["name"], "device": dev.describe(),
+            "launches": labels, "sum_ms": sum(lab["ms"] for lab in labels),
+            "graph_replay_ms": replay, "sequential_ms": sequential, "flush_l2": flush}
+
+
+def report(res: dict, top: int = 15) -> str:
+    rows = sorted(res["launches"], key=lambda r: -r["ms"])
+    total = res["sum_ms"] or 1e-9
+    lines = [f"{res['artifact']} ({res['target']} on {res['device']}): {len(rows)} launches, "
+             f"sum of launches {res['sum_ms']:.3f} ms, graph replay "
+             + (f"{res['graph_replay_ms']:.3f} ms" if res["graph_replay_ms"] else "n/a")
+             + f", launched one by one {res['sequential_ms']:.3f} ms"
+             + (" (L2 flushed before each)" if res["flush_l2"] else ""), "",
+             "| # | ms | % | kernel | node (op) | template | M x N x K | grid | block | config |",
+             "|---:|---:|---:|---|---|---|---|---:|---:|---|"]
+    for i, r in enumerate(rows[:top], 1):
+        cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
+        mnk = "x".join(map(str, r["mnk"])) if r["mnk"] else ""
+        lines.append(f"| {i} | {r['ms']:.4f} | {100 * r['ms'] / total:.1f} | {r['fn']}"
+                     f"{' (tuned)' if r['tuned'] else ''} | {r['node'][:40]} ({r['op']}) | "
+                     f"{r['template']} | {mnk} | {r['grid']} | {r['block']} | "
+                     f"{cfg} w{r['warps']} |")
+    for key in ("template", "op"):
+        agg: dict = defaultdict(lambda: [0.0, 0])
+        for r in rows:
+            agg[r[key]][0] += r["ms"]
+            agg[r[key]][1] += 1
+        parts = sorted(agg.items(), key=lambda kv: -kv[1][0])
+        lines.append("")
+        lines.append(f"by {key}: " + ", ".join(f"{k or '?'} {v[0]:.3f} ms ({v[1]}, "
+                                                f"{100 * v[0] / total:.0f}%)"
+                                                for k, v in parts[:10]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m deploy.bench.gpu_profile",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("artifacts", nargs="+", help=".dpk files compiled for a GPU target")
+    p.add_argument("--top", type=int, default=15)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--flush-l2", action="store_true", help="overwrite 256 MB before each launch")
+    p.add_argument("--json", help="write every launch's figures here")
+    a = p.parse_args(argv)
+    results = []
+    for path in a.artifacts:
+        res = profile(path, a.repeats, a.flush_l2)
+        results.append(res)
+        print(report(res, a.top), flush=True)
+        print()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
