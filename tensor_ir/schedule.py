@@ -51,7 +51,7 @@ def stage_work(stage: Stage) -> int:
     n = 1
     for e in stage.extents:
         n *= e
-    for red in (x for x in walk(stage.body) if isinstance(x, Reduce)):
+    for red in {x for x in walk(stage.body) if isinstance(x, Reduce)}:
         for _, e in red.vars:
             n *= e
     return n

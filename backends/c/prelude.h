@@ -3,6 +3,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#if defined(__x86_64__) && defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+/* glibc's vector math library (libmvec) has SIMD versions of these: declaring them lets the
+   compiler vectorize loops that call them (softmax's exp, GELU's erf/tanh) */
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+float logf(float);
+#pragma omp declare simd notinbranch
+float erff(float);
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#define DP_LIBMVEC 1
+#endif
 
 static inline float dp_bf16_to_f32(uint16_t b) {
     uint32_t u = ((uint32_t)b) << 16; float f; memcpy(&f, &u, 4); return f;

@@ -20,6 +20,18 @@ BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-fopenmp", "-fno-math-errno", "-fno
 GCC_FLAGS = ["-fdisable-tree-cunrolli"]
 
 
+def _has_libmvec() -> bool:
+    import platform
+    libc, version = platform.libc_ver()
+    return platform.machine() == "x86_64" and libc == "glibc" and \
+        tuple(int(x) for x in version.split(".")[:2]) >= (2, 35)
+
+
+# prelude.h declares libmvec's SIMD exp/log/erf/tanh on x86_64 glibc >= 2.35 (native builds;
+# a cross compiler set through CC links libm only)
+LIBS = ["-lmvec", "-lm"] if _has_libmvec() and not os.environ.get("CC") else ["-lm"]
+
+
 def _is_gcc(cc: str) -> bool:
     try:
         out = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
@@ -53,7 +65,7 @@ def build_shared_library(sources: list[str], out_path: Path, flags: tuple[str, .
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             objs = list(pool.map(one, enumerate(sources)))
-        _run([cc, "-shared", "-fopenmp", *map(str, objs), "-o", str(out_path), "-lm"], None)
+        _run([cc, "-shared", "-fopenmp", *map(str, objs), "-o", str(out_path), *LIBS], None)
     return out_path
 
 

@@ -125,7 +125,39 @@ def lower_conv(ctx: LowerCtx):
         return lower_conv_nhwc(ctx)
     if all(s == 1 for s in ctx.attr("strides")):
         return _conv_direct(ctx)
+    if ctx.ins[1].shape[1] == 1 and ctx.attr("group") == ctx.out.shape[1]:
+        return _conv_depthwise_strided(ctx)
     return _conv_im2col(ctx)
+
+
+def _conv_depthwise_strided(ctx: LowerCtx):
+    """Depthwise (one input channel per output channel), strided: the input zero-padded once,
+    then out[n, m, o] = sum_k padded[n, m, o * s + k * d] * w[m, 0, k]. An im2col copy would
+    be k times the input for a contraction of only k terms per output."""
+    x, w = ctx.ins[:2]
+    bias = ctx.ins[2] if len(ctx.ins) > 2 else None
+    out = ctx.out
+    nsp = len(x.shape) - 2
+    s, dil, pads = ctx.attr("strides"), ctx.attr("dilations"), ctx.attr("pads")
+    kernel = w.shape[2:]
+    sp = x.shape[2:]
+    padded = tuple(sp[i] + pads[i] + pads[nsp + i] for i in range(nsp))
+    acc = compute_dtype(out.dtype)
+    src = ctx.temp(x.shape[:2] + padded, x.dtype)
+    stages = [compute(src, lambda *v: const(0, x.dtype)),
+              scatter(src, x.shape, lambda b, ch, *q: (b, ch, *(q[i] + pads[i] for i in range(nsp))),
+                      lambda *v: x[v])]
+
+    def body(b, mm, *o):
+        rv = reduce_vars(tuple(kernel), "r")
+        ks = [v for v, _ in rv]
+        pos = [o[i] * s[i] + ks[i] * dil[i] for i in range(nsp)]
+        total = Reduce(R.SUM, rv, cast(src[(b, mm, *pos)], acc) * cast(w[(mm, 0, *ks)], acc), acc)
+        if bias is not None:
+            total = total + cast(bias[mm], acc)
+        return cast(total, out.dtype)
+
+    return stages + [compute(out, body)]
 
 
 def _conv_direct(ctx: LowerCtx):
