@@ -36,6 +36,7 @@ from .graph_ir.printer import print_graph
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
 from .tensor_ir.expr import Load, walk
+from .tensor_ir.constants import inline_scalars
 from .tensor_ir.epilogue import fuse_epilogues
 from .tensor_ir.fuse import lower_fused
 from .tensor_ir.lower import LOWERINGS, lower_node
@@ -127,6 +128,8 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
     lap("optimize")
     plan = _plan(graph)
     memory = _plan_memory(graph, plan)
+    if tgt.backend == "triton":
+        _gpu_weight_layout(plan, graph)
     lap("lower")
     db = TuningDB(tuning_db or config.tuning_db_path())
     if tune not in ("none", None):
@@ -315,9 +318,14 @@ def _plan_memory(graph: Graph, plan: Plan) -> MemoryPlan:
 
 def _lower(node: Node, name: str, constants: dict):
     if node.op.name == "Fused":
-        return fuse_epilogues(lower_fused(node, name, constants))
-    consts = {k: constants[v] for k, v in enumerate(node.inputs) if v is not None and v in constants}
-    return fuse_epilogues(lower_node(node, name, consts))
+        kernel = lower_fused(node, name, constants)
+    else:
+        consts = {k: constants[v] for k, v in enumerate(node.inputs)
+                  if v is not None and v in constants}
+        kernel = lower_node(node, name, consts)
+    scalars = {f"in{k}": constants[v] for k, v in enumerate(node.inputs)
+               if v is not None and v in constants}
+    return fuse_epilogues(inline_scalars(kernel, scalars))
 
 
 def _json_attrs(node: Node) -> dict:
@@ -380,6 +388,30 @@ def _build_gpu(plan: Plan, tgt: Target, dump: Path | None, options: dict,
              if db is not None and (rec := db.lookup(k.structural_hash(), feats)) is not None}
     return build_gpu(plan.kernels, tgt, dump, aot=options.get("aot", True), allow_tf32=tf32,
                      host_ops=plan.host_ops, tuned=tuned, constants=_kernel_constants(plan))
+
+
+def _gpu_weight_layout(plan: Plan, graph: Graph) -> None:
+    """GPU targets: constant GEMM operands with unaligned rows are stored transposed
+    (``backends/triton/build.py: transpose_weights``); the copy takes the input's place in its
+    step, and a constant no step reads any more is dropped."""
+    from .backends.triton.build import transpose_weights
+    made: dict[tuple[int, str], int] = {}
+    steps = [s for s in plan.steps if s["kind"] == "kernel"]
+    for n, (k, step) in enumerate(zip(plan.kernels, steps)):
+        consts = {b.name: pos for pos, b in enumerate(k.inputs)
+                  if pos < len(step["inputs"]) and step["inputs"][pos] in plan.constants}
+        new_k, moved = transpose_weights(k, set(consts))
+        for name, buf in moved:
+            src = step["inputs"][consts[name]]
+            if (src, buf.dtype.name) not in made:
+                vid = max([*plan.ids.values(), *plan.extra_values, -1]) + 1
+                plan.constants[vid] = np.ascontiguousarray(np.swapaxes(plan.constants[src], -1, -2))
+                plan.extra_values[vid] = buf
+                made[(src, buf.dtype.name)] = vid
+            step["inputs"][consts[name]] = made[(src, buf.dtype.name)]
+        plan.kernels[n] = new_k
+    if made:
+        _drop_unused_constants(plan, graph)
 
 
 def _kernel_constants(plan: Plan) -> dict[str, dict]:
@@ -457,8 +489,9 @@ def _pack_weights(k, sched, step: dict, plan: Plan, tuned):
     if not packings:
         return k, sched
     # a weight read only through its packed copy is no longer passed to the kernel
-    loaded = {x.buf for st in packed_k.stages for e in (st.body, *(st.store_index or ()))
-              for x in walk(e) if isinstance(x, Load)}
+    base = {view.name: name for view, name in packed_k.aliases}
+    loaded = {base.get(x.buf, x.buf) for st in packed_k.stages
+              for e in (st.body, *(st.store_index or ())) for x in walk(e) if isinstance(x, Load)}
     keep = [pos for pos, b in enumerate(packed_k.inputs) if b.name in loaded]
     step["inputs"] = [step["inputs"][pos] for pos in keep]
     packed_k = dataclasses.replace(packed_k, inputs=[packed_k.inputs[pos] for pos in keep])

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .expr import INDEX, B, Const, Expr, Load, Reduce, Var, binary, substitute, transform, walk
+from .expr import (INDEX, B, Binary, Const, Expr, Load, Reduce, Var, affine_coeff, binary,
+                   substitute, transform, walk)
 from .kernel import Buffer, Kernel, Stage
 
 _ACC = Var("epilogue_acc_")  # stands for the reduction's value while the epilogue is rewritten
@@ -47,8 +48,9 @@ def _fold(kernel: Kernel, k: int) -> Kernel | None:
     x = _base(kernel, s1.out)
     reads = [ld for ld in walk(s2.body) if isinstance(ld, Load) and _base(kernel, ld.buf) == x]
     out2 = kernel.buffer(s2.out)
-    if not reads or any(kernel.buffer(ld.buf).shape != out2.shape
-                        or not _at_point(ld, s2.vars, out2.shape) for ld in reads):
+    own = _flat(s2.vars, out2.shape, s2)
+    if not reads or own is None or any(_flat(ld.index, kernel.buffer(ld.buf).shape, s2) != own
+                                       for ld in reads):
         return None
     y = _base(kernel, s2.out)
     if x != y and (not _is_temp(kernel, x) or _read_elsewhere(kernel, x, {k + 1})):
@@ -59,7 +61,7 @@ def _fold(kernel: Kernel, k: int) -> Kernel | None:
     shape1 = kernel.buffer(s1.out).shape
     if _numel(shape1) != _numel(out2.shape):
         return None
-    kernel, body = _reindex_same_shape(kernel, s2, out2.shape, shape1, s1.vars, reads)
+    kernel, body = _reindex_same_point(kernel, s2, own, shape1, s1.vars, reads)
     body = substitute(body, dict(zip(s2.vars, _unflatten(s1.vars, shape1, out2.shape))))
     body = substitute(body, {_ACC: s1.body})
     kernel, target = _view(kernel, s2.out, shape1)
@@ -70,19 +72,49 @@ def _fold(kernel: Kernel, k: int) -> Kernel | None:
     return _drop_unused(kernel, x) if x != y else kernel
 
 
-def _reindex_same_shape(kernel: Kernel, s2: Stage, shape2, shape1, vars1, reads):
-    """``s2``'s body with the reduction's value as ``_ACC`` and every other load at ``s2``'s own
-    point of a buffer shaped like its output read through a view shaped like the reduction's
-    domain (``res[n, m, h, w]`` -> ``res'[n, m, p]``: no ``p // W``, ``p % W`` per element)."""
+def _reindex_same_point(kernel: Kernel, s2: Stage, own, shape1, vars1, reads):
+    """``s2``'s body with the reduction's value as ``_ACC`` and every other load of ``s2``'s own
+    point (the same flat offset) read through a view shaped like the reduction's domain
+    (``res[n, m, h, w]`` -> ``res'[n, m, p]``: no ``p // W``, ``p % W`` per element)."""
     swaps = {}
     for e in walk(s2.body):
         if isinstance(e, Load) and e not in reads and e not in swaps \
-                and kernel.buffer(e.buf).shape == shape2 and _at_point(e, s2.vars, shape2):
+                and _flat(e.index, kernel.buffer(e.buf).shape, s2) == own:
             kernel, name = _view(kernel, e.buf, shape1)
             swaps[e] = Load(name, tuple(vars1), e.dtype)
     body = transform(s2.body, lambda e: _ACC if isinstance(e, Load) and e in reads
                      else swaps.get(e))
     return kernel, body
+
+
+def _flat(index, shape, s: Stage):
+    """The flat row-major offset of ``index`` into ``shape`` as (coefficient per variable of
+    ``s`` that has extent > 1, constant), or None when it is not affine in them."""
+    if len(index) != len(shape):
+        return None
+    flat: Expr = Const(0, INDEX)
+    for ix, n in zip(index, shape):
+        flat = Binary(B.ADD, Binary(B.MUL, flat, Const(n, INDEX), INDEX), ix, INDEX)
+    coeffs = []
+    for v, n in zip(s.vars, s.extents):
+        c = affine_coeff(flat, v)
+        if c is None:
+            return None
+        coeffs.append(c if n > 1 else 0)
+    base = _eval_index(substitute(flat, {v: Const(0, INDEX) for v in s.vars}))
+    return None if base is None else (tuple(coeffs), base)
+
+
+def _eval_index(e: Expr) -> int | None:
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Binary) and e.op in _INDEX_OPS:
+        a, b = _eval_index(e.a), _eval_index(e.b)
+        return None if a is None or b is None else _INDEX_OPS[e.op](a, b)
+    return None
+
+
+_INDEX_OPS = {B.ADD: lambda a, b: a + b, B.SUB: lambda a, b: a - b, B.MUL: lambda a, b: a * b}
 
 
 def _is_reduction_stage(s: Stage) -> bool:
@@ -107,14 +139,10 @@ def _read_elsewhere(kernel: Kernel, base: str, allowed: set[int]) -> bool:
 
 def _reads_other_points(kernel: Kernel, s: Stage, base: str) -> bool:
     """Whether ``s`` reads its own output buffer anywhere but at the point it writes."""
+    own = _flat(s.vars, kernel.buffer(s.out).shape, s)
     return any(isinstance(e, Load) and _base(kernel, e.buf) == base
-               and not _at_point(e, s.vars, kernel.buffer(e.buf).shape) for e in walk(s.body))
-
-
-def _at_point(load: Load, vars_: tuple[Var, ...], shape: tuple[int, ...]) -> bool:
-    """``load`` reads the element at ``vars_`` (an index into a dim of size 1 is always 0)."""
-    return len(load.index) == len(vars_) == len(shape) and all(
-        i == v or n == 1 for i, v, n in zip(load.index, vars_, shape))
+               and (own is None or _flat(e.index, kernel.buffer(e.buf).shape, s) != own)
+               for e in walk(s.body))
 
 
 def _numel(shape) -> int:

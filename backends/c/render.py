@@ -404,6 +404,8 @@ class CRenderer:
             table = {**BINARY, **INT_BINARY}
         if e.op not in table:
             raise NotImplementedError(f"C renderer: binary {e.op.name} on {src.name}")
+        if e.op is B.POW and src.is_float and isinstance(e.b, Const) and e.b.value in (2, 3):
+            return "(" + " * ".join([f"({a})"] * int(e.b.value)) + ")"  # x**2, x**3: no pow()
         if src.is_int and e.op in (B.MAX, B.MIN):
             return ("(({a}) > ({b}) ? ({a}) : ({b}))" if e.op is B.MAX
                     else "(({a}) < ({b}) ? ({a}) : ({b}))").format(a=a, b=b)
