@@ -43,6 +43,12 @@ SIGNATURES = {
     "cuStreamEndCapture": [P, POINTER(P)],
     "cuGraphInstantiateWithFlags": [POINTER(P), P, ctypes.c_ulonglong],
     "cuGraphLaunch": [P, P],
+    "cuEventCreate": [POINTER(P), c_uint],
+    "cuEventRecord": [P, P],
+    "cuEventQuery": [P],
+    "cuEventSynchronize": [P],
+    "cuEventDestroy_v2": [P],
+    "cuStreamWaitEvent": [P, P, c_uint],
     "cuGetErrorName": [c_int, POINTER(c_char_p)],
     "cuGetErrorString": [c_int, POINTER(c_char_p)],
 }
@@ -86,7 +92,13 @@ class CudaDevice(DriverDevice):
         "get_function": "cuModuleGetFunction", "launch": "cuLaunchKernel",
         "begin_capture": "cuStreamBeginCapture_v2", "end_capture": "cuStreamEndCapture",
         "instantiate": "cuGraphInstantiateWithFlags", "graph_launch": "cuGraphLaunch",
+        "event_create": "cuEventCreate", "event_record": "cuEventRecord",
+        "event_query": "cuEventQuery", "event_sync": "cuEventSynchronize",
+        "event_destroy": "cuEventDestroy_v2", "stream_wait": "cuStreamWaitEvent",
     }
+    # DLPack on CUDA: None and 1 name the legacy default stream (CU_STREAM_LEGACY), 2 the
+    # per-thread one (CU_STREAM_PER_THREAD); 0 is disallowed by the standard, read as legacy
+    DEFAULT_STREAMS: ClassVar[dict] = {None: 1, 0: 1, 1: 1, 2: 2}
 
     def __init__(self, ordinal: int = 0, lib=None):
         super().__init__(lib if lib is not None else libcuda(), ordinal)

@@ -3,7 +3,9 @@
 ``view(obj, stream)`` reads a producer's capsule (``obj.__dlpack__``): data pointer, device,
 dtype, shape, strides and byte offset, checked to be a dense row-major tensor. ``DeviceArray``
 is the other direction: device memory that ``torch.from_dlpack`` / ``cupy.from_dlpack`` take
-without a copy; its capsule owns the allocation until the consumer's deleter runs.
+without a copy; its capsule owns the allocation until the consumer's deleter runs. An ``owner``
+(the GPU runtime's output pool) hears of each export, with the consumer's stream, and of the
+release, so it can order streams with events and reuse the memory instead of freeing it.
 
 The structs follow ``dlpack.h`` (v0.8 unversioned ``DLManagedTensor``, capsule name
 ``dltensor``; v1 ``DLManagedTensorVersioned``, ``dltensor_versioned``, is read too).
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import math
 from ctypes import (
     CFUNCTYPE,
     POINTER,
@@ -139,23 +142,24 @@ def view(obj, stream: int | None, what: str = "tensor") -> View:
     else:
         raise InputError(f"{what}: __dlpack__ returned a capsule named {name!r}; expected "
                          f"'dltensor' (or 'dltensor_versioned')")
-    shape = tuple(t.shape[k] for k in range(t.ndim))
-    key = (t.dtype.code, t.dtype.bits)
-    if t.dtype.lanes != 1 or key not in DTYPES:
-        raise InputError(f"{what}: unsupported DLPack dtype (code {t.dtype.code}, bits "
-                         f"{t.dtype.bits}, lanes {t.dtype.lanes}); expected one of "
+    ndim = t.ndim
+    shape = tuple(t.shape[:ndim]) if ndim else ()
+    dt = t.dtype
+    dtype = DTYPES.get((dt.code, dt.bits))
+    if dt.lanes != 1 or dtype is None:
+        raise InputError(f"{what}: unsupported DLPack dtype (code {dt.code}, bits "
+                         f"{dt.bits}, lanes {dt.lanes}); expected one of "
                          f"{sorted(set(DTYPES.values()))}")
-    if t.strides:
-        got = tuple(t.strides[k] for k in range(t.ndim))
+    if t.strides and ndim:
+        got = tuple(t.strides[:ndim])
         want = contiguous_strides(shape)
-        if any(g != w for g, w, n in zip(got, want, shape) if n > 1):
+        if got != want and any(g != w for g, w, n in zip(got, want, shape) if n > 1):
             raise InputError(f"{what}: expected a contiguous (row-major) tensor of shape "
                              f"{list(shape)}, i.e. strides {list(want)}, got strides {list(got)}"
                              " (call .contiguous() on it first)")
-    dtype = DTYPES[key]
-    numel = int(np.prod(shape, dtype=np.int64))
-    return View((t.data or 0) + t.byte_offset, (t.device.device_type, t.device.device_id),
-                dtype, shape, numel * t.dtype.bits // 8, capsule)
+    dev = t.device
+    return View((t.data or 0) + t.byte_offset, (dev.device_type, dev.device_id),
+                dtype, shape, math.prod(shape) * dt.bits // 8, capsule)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -197,10 +201,14 @@ class DeviceArray:
     """A dense tensor in device memory that DLPack consumers take zero-copy.
 
     ``free(ptr)`` releases the allocation once neither this object nor any consumer's tensor
-    (torch.from_dlpack(...)) refers to it. ``numpy()`` copies it to the host (``download``)."""
+    (torch.from_dlpack(...)) refers to it. ``numpy()`` copies it to the host (``download``).
+    With an ``owner`` instead, ``owner.exported(self, stream)`` runs at each ``__dlpack__`` (it
+    makes the consumer's stream wait for the data) and ``owner.released(self)`` at the end."""
+
+    __slots__ = ("__weakref__", "_download", "_free", "_owner", "device", "dtype", "ptr", "shape")
 
     def __init__(self, ptr: int, shape, dtype: str, device: tuple[int, int], free=None,
-                 download=None):
+                 download=None, owner=None):
         if dtype not in CODES:
             raise InputError(f"DeviceArray: dtype {dtype} has no DLPack code; expected one of "
                              f"{sorted(CODES)}")
@@ -210,6 +218,15 @@ class DeviceArray:
         self.device = (int(device[0]), int(device[1]))
         self._free = free
         self._download = download
+        self._owner = owner
+
+    @classmethod
+    def _owned(cls, ptr: int, shape: tuple, dtype: str, device: tuple, owner, download):
+        """The runtime's fast constructor: arguments already checked and normalized."""
+        a = object.__new__(cls)
+        a.ptr, a.shape, a.dtype, a.device = ptr, shape, dtype, device
+        a._free, a._download, a._owner = None, download, owner
+        return a
 
     @property
     def ndim(self) -> int:
@@ -224,13 +241,17 @@ class DeviceArray:
         return self.device
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        """A ``dltensor`` capsule over this memory. The data is complete when ``run`` returns
-        (the runtime synchronizes its stream), so ``stream`` needs no wait."""
+        """A ``dltensor`` capsule over this memory. ``stream`` is the consumer's (DLPack's
+        values: None / 1 the legacy default stream on CUDA, 2 the per-thread one, -1 none, else
+        a handle): the owner makes it wait for the run that wrote the data, without blocking
+        the host."""
         if dl_device is not None and tuple(dl_device) != self.device:
             raise BufferError(f"DeviceArray on {device_name(self.device)} cannot be exported "
                               f"to {device_name(tuple(dl_device))}")
         if copy:
             raise BufferError("DeviceArray exports without copying only (copy=True asked)")
+        if self._owner is not None:
+            self._owner.exported(self, stream)
         shape = (c_int64 * max(self.ndim, 1))(*self.shape)
         managed = DLManagedTensor()
         t = managed.dl_tensor
@@ -254,9 +275,14 @@ class DeviceArray:
         return host.view(user_dtype(self.dtype)) if self.dtype == "bfloat16" else host
 
     def __del__(self):
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            with contextlib.suppress(Exception):  # the driver may be gone at interpreter exit
+                owner.released(self)
+            return
         free, self._free = self._free, None
         if free is not None and self.ptr:
-            with contextlib.suppress(Exception):  # the driver may be gone at interpreter exit
+            with contextlib.suppress(Exception):
                 free(self.ptr)
 
     def __repr__(self) -> str:

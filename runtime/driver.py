@@ -9,7 +9,12 @@ The interface ``GpuModule`` uses (also implemented by test devices):
 ``activate() alloc(n) free(p) upload(p, host) download(p, host) copy(dst, src, n)
 synchronize() load(gpu, members) function(launch) prepare(fn, launch, args) launch(x)
 capture(body) replay(graph)``, the attributes ``api`` and ``dlpack_device`` (DLPack device
-type and ordinal) and ``stream`` (handed to DLPack producers).
+type and ordinal) and ``stream`` (handed to DLPack producers). Optional, for runs that return
+device outputs without waiting on the host: ``upload_async(p, host)`` and events, ``event()
+record(ev, stream) wait_event(ev, stream) query(ev) event_sync(ev) destroy_event(ev)
+consumer_stream(dlpack_stream)`` (a device without them is synchronized after every run).
+
+The calls a run makes go through functions looked up once (``self._fns``), not by name per call.
 """
 from __future__ import annotations
 
@@ -23,11 +28,25 @@ P = c_void_p
 DevicePtr = c_uint64
 STREAM_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING == hipStreamNonBlocking
 CAPTURE_THREAD_LOCAL = 1  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL == hipStreamCaptureModeThreadLocal
+EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING == hipEventDisableTiming
+NOT_READY = 600  # CUDA_ERROR_NOT_READY == hipErrorNotReady (cuEventQuery on pending work)
 
 # the logical calls every vendor table names
 CALL_NAMES = ("stream_create", "stream_sync", "malloc", "free", "memset", "htod", "dtoh", "dtod",
               "module_load", "get_function", "launch", "begin_capture", "end_capture",
-              "instantiate", "graph_launch")
+              "instantiate", "graph_launch", "event_create", "event_record", "event_query",
+              "event_sync", "event_destroy", "stream_wait")
+
+_from_buffer = ctypes.c_char.from_buffer
+
+
+def host_address(array) -> int:
+    """The data pointer of a C-contiguous numpy array (``from_buffer`` is about 3x faster than
+    ``array.ctypes.data``; read-only and empty arrays take the slow path)."""
+    try:
+        return ctypes.addressof(_from_buffer(array))
+    except (TypeError, ValueError, BufferError):
+        return array.ctypes.data
 
 
 class Launch:
@@ -51,6 +70,8 @@ class DriverDevice:
     api = ""
     CALLS: ClassVar[dict[str, str]] = {}
     DLPACK_TYPE = 0
+    # DLPack ``__dlpack__(stream=...)`` values that name a default stream -> its driver handle
+    DEFAULT_STREAMS: ClassVar[dict] = {}
 
     def __init__(self, lib, ordinal: int = 0):
         self.lib = lib
@@ -59,9 +80,11 @@ class DriverDevice:
         self.arch = ""
         self._modules: dict[str, P] = {}
         self._members: dict[str, bytes] = {}
+        self._fns = {what: getattr(lib, name, None) for what, name in self.CALLS.items()}
         self._open(ordinal)
         self.stream = P()
         self._call("stream_create", byref(self.stream), STREAM_NON_BLOCKING)
+        self.stream_handle = self.stream.value or 0  # the int DLPack producers are given
 
     # ---- what differs per vendor ----------------------------------------------------------
     def _open(self, ordinal: int) -> None:
@@ -88,8 +111,12 @@ class DriverDevice:
                               f"({self.error_text(result)})")
 
     def _call(self, what: str, *args, detail: str = "") -> None:
-        name = self.CALLS[what]
-        self.check(getattr(self.lib, name)(*args), f"{name}{detail}")
+        fn = self._fns[what]
+        if fn is None:
+            raise DeployError(f"{self.api.upper()} driver: the library has no {self.CALLS[what]}")
+        result = fn(*args)
+        if result:
+            self.check(result, f"{self.CALLS[what]}{detail}")
 
     # ---- memory ---------------------------------------------------------------------------
     def alloc(self, nbytes: int, zero: bool = True) -> int:
@@ -104,13 +131,21 @@ class DriverDevice:
         self._call("free", ptr)
 
     def upload(self, ptr: int, array) -> None:
+        """Host to device, complete on return (``array`` may change right after)."""
         if array.nbytes:
-            self._call("htod", ptr, array.ctypes.data, array.nbytes, self.stream)
-            self.synchronize()  # pageable source: keep it alive and unchanged until copied
+            self.upload_async(ptr, array)
+            self.synchronize()
+
+    def upload_async(self, ptr: int, array) -> None:
+        """Host to device, ordered on the stream: keep ``array`` alive and unchanged until the
+        stream is synchronized (pageable memory)."""
+        if array.nbytes:
+            self._call("htod", ptr, host_address(array), array.nbytes, self.stream)
 
     def download(self, ptr: int, array) -> None:
+        """Device to host, ordered on the stream; complete after ``synchronize()``."""
         if array.nbytes:
-            self._call("dtoh", array.ctypes.data, ptr, array.nbytes, self.stream)
+            self._call("dtoh", host_address(array), ptr, array.nbytes, self.stream)
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         """Device to device, ordered on the stream."""
@@ -180,6 +215,41 @@ class DriverDevice:
     def replay(self, graph) -> None:
         self._call("graph_launch", graph, self.stream)
 
+    # ---- events: ordering between streams without the host waiting ---------------------------
+    def event(self) -> P:
+        ev = P()
+        self._call("event_create", byref(ev), EVENT_DISABLE_TIMING)
+        return ev
+
+    def record(self, ev, stream=None) -> None:
+        """``ev`` completes when the work queued so far on ``stream`` (default: ours) has run."""
+        self._call("event_record", ev, self.stream if stream is None else stream)
+
+    def wait_event(self, ev, stream=None) -> None:
+        """Work queued later on ``stream`` (default: ours) starts after ``ev`` completes."""
+        self._call("stream_wait", self.stream if stream is None else stream, ev, 0)
+
+    def query(self, ev) -> bool:
+        """Has ``ev`` completed? (never blocks)"""
+        result = self._fns["event_query"](ev)
+        if result == NOT_READY:
+            return False
+        self.check(result, self.CALLS["event_query"])
+        return True
+
+    def event_sync(self, ev) -> None:
+        self._call("event_sync", ev)
+
+    def destroy_event(self, ev) -> None:
+        self._call("event_destroy", ev)
+
+    def consumer_stream(self, stream) -> int | None:
+        """The driver stream a DLPack consumer named in ``__dlpack__(stream=...)`` (its special
+        values: the default streams; -1: the consumer orders the work itself, None here)."""
+        if stream == -1:
+            return None
+        return self.DEFAULT_STREAMS.get(stream, stream)
+
 
 def typed(lib, signatures: dict, restype) -> None:
     """Set argtypes/restype of each function ``lib`` has (a missing one fails when called)."""
@@ -189,4 +259,4 @@ def typed(lib, signatures: dict, restype) -> None:
             fn.argtypes, fn.restype = args, restype
 
 
-__all__ = ["CALL_NAMES", "DevicePtr", "DriverDevice", "Launch", "P", "typed"]
+__all__ = ["CALL_NAMES", "DevicePtr", "DriverDevice", "Launch", "P", "host_address", "typed"]

@@ -2,12 +2,22 @@
 
 At load: one device allocation holds every tensor (weights, inputs, the memory plan's arena,
 outputs, the kernels' temporaries, Triton's scratch); weights are copied in once; every launch
-of the plan is prepared with its final pointers. A run copies the inputs in (numpy: host to
-device; DLPack device tensors: device to device, ``dlpack.py``), launches the plan and copies the
-outputs out (to numpy, or to fresh ``DeviceArray``s when the inputs were device tensors). After
-the first run the whole plan is captured in a graph and later runs replay it
-(``DEPLOY_CUDA_GRAPH=0`` turns that off). Runs on one module are serialized (they share the
-device buffers), so concurrent ``run`` calls are safe.
+of the plan is prepared with its final pointers, and every input and output slot with its
+pointer, size and dtype. A run copies the inputs in (numpy: host to device; DLPack device
+tensors: device to device, ``dlpack.py``), launches the plan and copies the outputs out: to
+numpy (one stream synchronize per run), or into a slab of the ``OutputPool`` returned as
+``DeviceArray``s when the inputs were device tensors. After the first run the whole plan is
+captured in a graph and later runs replay it (``DEPLOY_CUDA_GRAPH=0`` turns that off).
+
+Device in, device out, nothing waits on the host: the run records an event after its output
+copies; a consumer's ``__dlpack__(stream=s)`` makes ``s`` wait for it; the input tensors'
+capsules are kept until a later run sees that event complete (so their producers cannot reuse
+the memory under a pending copy); a slab returns to the pool when the run's arrays and every
+consumer tensor made from them are released, with an event recorded on each consumer stream
+that the next run writing the slab waits for. Runs on one module are serialized by a lock
+(they share the stream, the arena and the graph): everything that touches the stream, the
+producers' ``__dlpack__(stream=ours)`` included, happens under it, so no other thread's work
+can land in the graph being captured.
 
 The device is an object with a small interface (``driver.py``; ``cuda_driver.CudaDevice`` and
 ``hip_driver.HipDevice`` bind the CUDA and HIP APIs through ctypes, chosen by the artifact's
@@ -16,6 +26,7 @@ binaries; the compiler's tests plug in a CPU device that runs the same plan unde
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -24,10 +35,13 @@ import numpy as np
 from ..errors import ArtifactError, DeployError, InputError
 from . import dlpack
 from .artifact import read_artifact
+from .dlpack import DeviceArray
 from .dtypes import storage_dtype, user_dtype
+from .gpu_pool import OutputPool
 from .specs import TensorSpec, validate_inputs
 
 ALIGN = 256
+MAX_KEPT = 64  # runs whose input capsules are held before a run waits for the stream
 
 
 def _align(n: int, a: int = ALIGN) -> int:
@@ -67,6 +81,30 @@ class GpuModule:
         self._runs = 0
         self._use_graph = os.environ.get("DEPLOY_CUDA_GRAPH", "1") != "0"
         self._lock = threading.Lock()
+        self._slots()
+        dev = self.device
+        self._dlpack_device = getattr(dev, "dlpack_device", None)
+        cpu = self._dlpack_device is None or self._dlpack_device[0] == dlpack.CPU
+        self._stream_handle = None if cpu else getattr(dev, "stream_handle", None)
+        self._upload = getattr(dev, "upload_async", dev.upload)
+        self._pool: OutputPool | None = None  # device outputs, made at the first such run
+        self._kept: list = []  # input capsules of runs whose copies may still be pending
+
+    def _slots(self) -> None:
+        """What a run needs per input and output, computed once."""
+        m = self.manifest
+        self._names = [s.name for s in self.input_specs]
+        self._in_slots = [_InSlot(spec, self.ptr[vid], *self.values[vid], self._nbytes(vid))
+                          for spec, vid in zip(self.input_specs, m["input_ids"])]
+        self._out_slots, at = [], 0
+        for spec, vid in zip(self.output_specs, m["output_ids"]):
+            storage, shape = self.values[vid]
+            nbytes = self._nbytes(vid)
+            user = user_dtype(spec.dtype) if spec.dtype == "bfloat16" else None
+            self._out_slots.append(_OutSlot(self.ptr[vid], nbytes, storage, shape, spec.dtype,
+                                            user, at))
+            at += _align(max(nbytes, 1))
+        self._out_bytes = at
 
     # ---- memory -------------------------------------------------------------------------------
     def _nbytes(self, vid: int) -> int:
@@ -151,38 +189,78 @@ class GpuModule:
         (torch/cupy CUDA tensors, ``DeviceArray``: copied device to device on the module's
         stream, never through the host). Outputs are numpy arrays, or ``DeviceArray``s (DLPack,
         zero-copy into ``torch.from_dlpack``) when any input was a device tensor;
-        ``device_outputs`` forces either kind."""
-        items, on_device = self._inputs(inputs)
-        device_out = on_device if device_outputs is None else device_outputs
-        if device_out and getattr(self.device, "dlpack_device", None) is None:
+        ``device_outputs`` forces either kind. A run that returns device outputs for device
+        inputs does not wait for the GPU: a consumer's ``__dlpack__(stream=...)`` makes its
+        stream wait (module docstring)."""
+        items, device_in = self._inputs(inputs)
+        device_out = device_in is not None if device_outputs is None else device_outputs
+        if device_out and self._dlpack_device is None:
             raise InputError(f"{self.path}: this device ({type(self.device).__name__}) returns "
                              "numpy arrays only")
         dev = self.device
-        with self._lock:
+        with self._lock:  # the stream and the arena are shared; and no capture sees others' work
             dev.activate()
-            for vid, x in zip(self.manifest["input_ids"], items):
-                if isinstance(x, dlpack.View):
-                    dev.copy(self.ptr[vid], x.ptr, x.nbytes)
-                else:
-                    dev.upload(self.ptr[vid], x)
+            if self._kept and self._pool.query():
+                self._kept.clear()  # earlier runs' input copies are done: let the producers go
+            keep = self._copy_in(items, device_in)
             self._execute()
-            outs = [self._output(vid, spec, device_out)
-                    for vid, spec in zip(self.manifest["output_ids"], self.output_specs)]
-            dev.synchronize()  # inputs copied (their capsules may go), outputs complete
+            if not device_out:
+                return self._host_outputs()  # synchronizes: inputs copied, outputs complete
+            outs = self._device_outputs()
+            if len(keep) == len(items) and self._pool.events:
+                self._kept.append(keep)  # device tensors only: no host memory to wait for
+                if len(self._kept) > MAX_KEPT:
+                    dev.synchronize()
+                    self._kept.clear()
+            else:
+                dev.synchronize()  # numpy inputs: their pageable memory is read by then
+                self._kept.clear()
+            return outs
+
+    def _copy_in(self, items: list, device_in) -> list:
+        """Inputs into their slots on the stream: host arrays uploaded, device tensors viewed
+        (``__dlpack__(stream=ours)``: our stream waits for their producers) and copied. Returns
+        the views' capsules, which keep the producers' tensors alive until the copies ran."""
+        dev = self.device
+        keep = []
+        try:
+            for k, (slot, x) in enumerate(zip(self._in_slots, items)):
+                if device_in is not None and device_in[k]:
+                    v = self._device_view(slot.spec, x)
+                    dev.copy(slot.ptr, v.ptr, slot.nbytes)
+                    keep.append(v.keep)
+                else:
+                    self._upload(slot.ptr, x)
+        except BaseException:  # a bad input after others were queued: let those copies finish
+            with contextlib.suppress(Exception):
+                dev.synchronize()
+            raise
+        return keep
+
+    def _host_outputs(self) -> list:
+        dev = self.device
+        outs = []
+        for o in self._out_slots:
+            host = np.empty(o.shape, o.storage)
+            dev.download(o.ptr, host)
+            outs.append(host if o.user is None else host.view(o.user))
+        dev.synchronize()
+        self._kept.clear()
         return outs
 
-    def _output(self, vid: int, spec: TensorSpec, on_device: bool):
-        dtype, shape = self.values[vid]
-        dev = self.device
-        if on_device:
-            nbytes = self._nbytes(vid)
-            ptr = dev.alloc(max(nbytes, 1), zero=False)
-            dev.copy(ptr, self.ptr[vid], nbytes)
-            return dlpack.DeviceArray(ptr, shape, spec.dtype, dev.dlpack_device, free=dev.free,
-                                      download=self._download)
-        host = np.empty(shape, dtype)
-        dev.download(self.ptr[vid], host)
-        return host.view(user_dtype(spec.dtype)) if spec.dtype == "bfloat16" else host
+    def _device_outputs(self) -> list:
+        """Every output copied into one slab of the output pool (reused once released)."""
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = OutputPool(self.device, self._out_bytes)
+        slab = pool.take(len(self._out_slots))
+        copy, base, where, download = self.device.copy, slab.ptr, self._dlpack_device, self._download
+        outs = []
+        for o in self._out_slots:
+            copy(base + o.offset, o.ptr, o.nbytes)
+            outs.append(DeviceArray._owned(base + o.offset, o.shape, o.dtype, where, slab, download))
+        pool.written()
+        return outs
 
     def _download(self, ptr: int, host: np.ndarray) -> None:
         with self._lock:  # the stream is shared: not while a run captures a graph on it
@@ -191,23 +269,38 @@ class GpuModule:
             self.device.synchronize()
 
     # ---- inputs ---------------------------------------------------------------------------------
-    def _inputs(self, inputs) -> tuple[list, bool]:
-        """Per input (in spec order) a host array or a ``dlpack.View`` of device memory, and
-        whether any input was on the device."""
-        given = _ordered(self.input_specs, inputs)
-        on_device = [self._is_device(spec, x) for spec, x in zip(self.input_specs, given)]
-        if not any(on_device):
-            return validate_inputs(self.input_specs, given), False
-        items = [self._device_view(spec, x) if d else validate_inputs([spec], [x])[0]
-                 for spec, x, d in zip(self.input_specs, given, on_device)]
-        return items, True
+    def _inputs(self, inputs) -> tuple[list, list | None]:
+        """Per input (in spec order) a checked host array or a DLPack tensor in device memory
+        (viewed later, under the lock), and which ones were on the device (None: none)."""
+        given = self._ordered(inputs)
+        items, device_in = [], None
+        for k, (slot, x) in enumerate(zip(self._in_slots, given)):
+            if (type(x) is np.ndarray and x.dtype == slot.storage and x.shape == slot.shape
+                    and x.flags.c_contiguous):
+                items.append(x)  # the common case, without validate_inputs' conversions
+            elif self._is_device(slot.spec, x):
+                if device_in is None:
+                    device_in = [False] * len(self._in_slots)
+                device_in[k] = True
+                items.append(x)
+            else:
+                items.append(validate_inputs([slot.spec], [x])[0])
+        return items, device_in
+
+    def _ordered(self, inputs) -> list:
+        if isinstance(inputs, dict) and len(inputs) == len(self._names):
+            try:
+                return [inputs[name] for name in self._names]
+            except KeyError:
+                pass
+        return _ordered(self.input_specs, inputs)
 
     def _is_device(self, spec: TensorSpec, x) -> bool:
         """True for a DLPack tensor in this device's memory; False for numpy and host tensors."""
         where = dlpack.dlpack_device(x)
         if where is None:
             return False
-        mine = getattr(self.device, "dlpack_device", None)
+        mine = self._dlpack_device
         if mine is not None and where[0] in dlpack.SAME_MEMORY.get(mine[0], ()):
             return True
         if where[0] in dlpack.HOST_MEMORY:
@@ -217,18 +310,18 @@ class GpuModule:
                          f"{runs_on}, got a tensor on {dlpack.device_name(where)}")
 
     def _device_view(self, spec: TensorSpec, x) -> dlpack.View:
-        dev = self.device
-        stream = getattr(dev, "stream", None)
-        stream = getattr(stream, "value", stream) if dev.dlpack_device[0] != dlpack.CPU else None
-        v = dlpack.view(x, stream, what=f"input '{spec.name}'")
-        if v.device[1] != dev.dlpack_device[1]:
+        """``x``'s capsule, taken with our stream (the producer makes it wait for pending work
+        on ``x``; called under the lock, so that never lands in a graph capture), checked."""
+        mine = self._dlpack_device
+        v = dlpack.view(x, self._stream_handle, what=f"input '{spec.name}'")
+        if v.device[1] != mine[1]:
             raise InputError(f"input '{spec.name}': expected a tensor on "
-                             f"{dlpack.device_name(dev.dlpack_device)} (this module's device), "
+                             f"{dlpack.device_name(mine)} (this module's device), "
                              f"got one on {dlpack.device_name(v.device)}")
         if not (v.dtype == spec.dtype or (spec.dtype == "bfloat16" and v.dtype == "uint16")):
             raise InputError(f"input '{spec.name}': expected dtype {spec.dtype}, got {v.dtype} "
                              f"(convert it with .to(torch.{spec.dtype}) or .astype(...))")
-        if v.shape != tuple(spec.shape):
+        if v.shape != spec.shape:
             raise InputError(f"input '{spec.name}': expected shape {list(spec.shape)}, got "
                              f"{list(v.shape)} (the artifact is compiled for fixed shapes)")
         return v
@@ -253,6 +346,22 @@ class GpuModule:
         outs = ", ".join(map(str, self.output_specs))
         return (f"<deploy.GpuModule {self.path} target={self.manifest['target']['name']} "
                 f"({ins}) -> ({outs})>")
+
+
+class _InSlot:
+    __slots__ = ("nbytes", "ptr", "shape", "spec", "storage")
+
+    def __init__(self, spec: TensorSpec, ptr: int, storage: np.dtype, shape: tuple, nbytes: int):
+        self.spec, self.ptr, self.storage, self.shape, self.nbytes = spec, ptr, storage, shape, nbytes
+
+
+class _OutSlot:
+    __slots__ = ("dtype", "nbytes", "offset", "ptr", "shape", "storage", "user")
+
+    def __init__(self, ptr: int, nbytes: int, storage: np.dtype, shape: tuple, dtype: str,
+                 user: np.dtype | None, offset: int):
+        self.ptr, self.nbytes, self.storage, self.shape = ptr, nbytes, storage, shape
+        self.dtype, self.user, self.offset = dtype, user, offset  # offset: in a pool slab
 
 
 def _static(shape, vid, path) -> tuple[int, ...]:

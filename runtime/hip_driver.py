@@ -3,8 +3,9 @@
 The same device interface as ``cuda_driver.CudaDevice`` (the shared logic is ``driver.py``):
 ``hipModuleLoadData`` on each function's hsaco, ``hipModuleLaunchKernel`` with the manifest's
 grid, block (64-wide wavefronts), dynamic shared memory (LDS; no opt-in on AMD) and the same
-``kernelParams`` layout, ``hipMemcpy*Async`` on one non-blocking stream, and graphs by
-``hipStreamBeginCapture`` / ``hipGraphInstantiateWithFlags`` / ``hipGraphLaunch``.
+``kernelParams`` layout, ``hipMemcpy*Async`` on one non-blocking stream, graphs by
+``hipStreamBeginCapture`` / ``hipGraphInstantiateWithFlags`` / ``hipGraphLaunch``, and events
+(``hipEventRecord`` / ``hipStreamWaitEvent``) to order DLPack consumers' streams.
 
 Tested against a fake library only (tests/test_hip_fake.py); see docs/gpu.md.
 """
@@ -41,6 +42,12 @@ SIGNATURES = {
     "hipStreamEndCapture": [P, POINTER(P)],
     "hipGraphInstantiateWithFlags": [POINTER(P), P, ctypes.c_ulonglong],
     "hipGraphLaunch": [P, P],
+    "hipEventCreateWithFlags": [POINTER(P), c_uint],
+    "hipEventRecord": [P, P],
+    "hipEventQuery": [P],
+    "hipEventSynchronize": [P],
+    "hipEventDestroy": [P],
+    "hipStreamWaitEvent": [P, P, c_uint],
 }
 DLPACK_ROCM = 10
 LIBRARY_NAMES = ("libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5",
@@ -88,8 +95,13 @@ class HipDevice(DriverDevice):
         "module_load": "hipModuleLoadData", "get_function": "hipModuleGetFunction",
         "launch": "hipModuleLaunchKernel", "begin_capture": "hipStreamBeginCapture",
         "end_capture": "hipStreamEndCapture", "instantiate": "hipGraphInstantiateWithFlags",
-        "graph_launch": "hipGraphLaunch",
+        "graph_launch": "hipGraphLaunch", "event_create": "hipEventCreateWithFlags",
+        "event_record": "hipEventRecord", "event_query": "hipEventQuery",
+        "event_sync": "hipEventSynchronize", "event_destroy": "hipEventDestroy",
+        "stream_wait": "hipStreamWaitEvent",
     }
+    # DLPack on ROCm: None and 0 name the default (null) stream
+    DEFAULT_STREAMS: ClassVar[dict] = {None: 0, 0: 0}
 
     def __init__(self, ordinal: int = 0, lib=None):
         super().__init__(lib if lib is not None else libamdhip64(), ordinal)

@@ -69,8 +69,33 @@ def _collapse(extents: tuple[int, ...], upto: int) -> int:
 
 
 def rule_scatter(stage: Stage) -> StageSchedule | None:
-    # scatter stages run their points in order (later writes win, as ONNX specifies)
-    return StageSchedule() if stage.store_index is not None else None
+    # scatter stages run their points in order (later writes win, as ONNX specifies), unless
+    # no two points can write the same element (a padded copy): then in parallel like any stage
+    if stage.store_index is None:
+        return None
+    if stage.accumulate is None and injective_store(stage):
+        return rule_generic(stage)
+    return StageSchedule()
+
+
+def injective_store(stage: Stage) -> bool:
+    """Whether distinct points of ``stage`` store to distinct elements: every store index is
+    affine in its own variables (no variable in two indices) with mixed-radix coefficients
+    (each larger than the reach of the smaller ones), and every variable is used."""
+    extents = dict(zip(stage.vars, stage.extents))
+    used: set = set()
+    for ix in stage.store_index:
+        vs = [v for v in _vars_in(ix) if v in extents]
+        if used & set(vs) or any(v not in extents for v in _vars_in(ix)):
+            return False
+        used |= set(vs)
+        coeffs = sorted((abs(affine_coeff(ix, v) or 0), extents[v]) for v in vs)
+        reach = 0
+        for c, n in coeffs:
+            if n > 1 and c <= reach:
+                return False
+            reach += c * (n - 1)
+    return all(v in used or n == 1 for v, n in extents.items())
 
 
 def rule_contraction(stage: Stage) -> StageSchedule | None:
@@ -103,7 +128,9 @@ def single_sum(stage: Stage) -> Reduce | None:
 
 def rule_generic(stage: Stage) -> StageSchedule:
     if stage.extents and stage_work(stage) >= PARALLEL_MIN_WORK:
-        return StageSchedule(parallel=_collapse(stage.extents, len(stage.extents)))
+        # the innermost loop stays out of the parallel collapse: it is the one that vectorizes
+        upto = len(stage.extents) - 1 if len(stage.extents) > 1 else 1
+        return StageSchedule(parallel=_collapse(stage.extents, upto))
     return StageSchedule()
 
 

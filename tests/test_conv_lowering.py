@@ -32,3 +32,16 @@ def test_conv_matches_ort(name):
                        [("y", np.float32, [1, cout, out, out])], inits)
     x = rng.standard_normal((1, cin, size, size)).astype(np.float32)
     check_against_ort(model, {"x": x}, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_copy_is_parallel_and_scatter_with_overlaps_is_not():
+    from deploy.tensor_ir.expr import Var
+    from deploy.tensor_ir.kernel import Stage
+    from deploy.tensor_ir.schedule import injective_store
+    a, b = Var("a"), Var("b")
+    pad = Stage("t", (a, b), (30, 40), a, store_index=(a + 1, b * 1 + 2))
+    flat = Stage("t", (a, b), (30, 40), a, store_index=(a * 42 + b + 43,))  # pitch 42 > 39
+    overlap = Stage("t", (a, b), (30, 40), a, store_index=(a * 20 + b,))  # rows overlap
+    shared = Stage("t", (a, b), (30, 40), a, store_index=(a, a + b))  # a in two indices
+    assert injective_store(pad) and injective_store(flat)
+    assert not injective_store(overlap) and not injective_store(shared)

@@ -73,3 +73,20 @@ def test_driver_errors_carry_the_driver_name(artifact, monkeypatch):
                                           r"\(CUDA_ERROR_FAKE_700"):
         mod, _ = loaded(artifact, monkeypatch, fail={"cuLaunchKernel": 700})
         mod.run({"x": np.ones((16, 32), np.float32)})
+
+
+def test_dlpack_default_streams_map_to_the_cuda_handles(artifact, monkeypatch):
+    """``__dlpack__(stream=None | 1)`` is the legacy default stream (CU_STREAM_LEGACY = 1),
+    2 the per-thread one (CU_STREAM_PER_THREAD = 2), another int a stream handle: each waits
+    on the run's event, nothing blocks the host."""
+    mod, fake = loaded(artifact, monkeypatch)
+    x = RNG.standard_normal((16, 32)).astype(np.float32)
+    ptr = mod.device.alloc(x.nbytes)
+    mod.device.upload(ptr, x)
+    syncs = len(fake.named("sync"))
+    y, _ = mod.run({"x": dlpack.DeviceArray(ptr, x.shape, "float32", (2, 0))})
+    assert len(fake.named("sync")) == syncs  # device in, device out: the host does not wait
+    done = fake.named("event_record")[-1]["event"]
+    for stream, handle in ((None, 1), (1, 1), (2, 2), (0xABC0, 0xABC0)):
+        y.__dlpack__(stream=stream)
+        assert fake.named("stream_wait")[-1] == {"stream": handle, "event": done}

@@ -11,6 +11,8 @@ and replay; what the hsaco computes on a real GPU is not (docs/gpu.md says so).
 from __future__ import annotations
 
 import ctypes
+import threading
+import time
 
 import deploy
 import numpy as np
@@ -45,6 +47,12 @@ SYMBOLS = {
     "hipStreamEndCapture": "end_capture", "cuStreamEndCapture": "end_capture",
     "hipGraphInstantiateWithFlags": "instantiate", "cuGraphInstantiateWithFlags": "instantiate",
     "hipGraphLaunch": "graph_launch", "cuGraphLaunch": "graph_launch",
+    "hipEventCreateWithFlags": "event_create", "cuEventCreate": "event_create",
+    "hipEventRecord": "event_record", "cuEventRecord": "event_record",
+    "hipEventQuery": "event_query", "cuEventQuery": "event_query",
+    "hipEventSynchronize": "event_sync", "cuEventSynchronize": "event_sync",
+    "hipEventDestroy": "event_destroy", "cuEventDestroy_v2": "event_destroy",
+    "hipStreamWaitEvent": "stream_wait", "cuStreamWaitEvent": "stream_wait",
     "hipGetErrorName": "error_name", "hipGetErrorString": "error_name",
     "cuGetErrorName": "cu_error_name", "cuGetErrorString": "cu_error_name",
 }
@@ -66,8 +74,10 @@ class FakeDriver:
     function name -> fn(list of arg pointers, fake) run at each executed launch;
     ``fail``: symbol -> error code to return; ``capability``: what cuDeviceGetAttribute says."""
 
-    def __init__(self, kernels=None, fail=None, capability=(9, 0)):
+    def __init__(self, kernels=None, fail=None, capability=(9, 0), capture_delay=0.0):
         self.calls: list[tuple[str, dict]] = []
+        self.capture_delay = capture_delay  # seconds begin_capture sleeps (other threads run)
+        self.violations: list[str] = []  # work put on the stream by others while it captures
         self.kernels = kernels or {}
         self.fail = fail or {}
         self.capability = capability
@@ -94,6 +104,12 @@ class FakeDriver:
 
     def named(self, logical: str) -> list[dict]:
         return [d for s, d in self.calls if SYMBOLS.get(s) == logical]
+
+    def _on_stream(self, stream, what: str) -> None:
+        """A real driver fails the capture (or bakes the call into the graph) when work other
+        than the captured launches goes onto the capturing stream."""
+        if self._capturing is not None and _int(stream) == STREAM:
+            self.violations.append(what)
 
     # ---- memory ---------------------------------------------------------------------------
     def where(self, ptr: int, nbytes: int) -> tuple[int, np.ndarray]:
@@ -122,16 +138,19 @@ class FakeDriver:
         return {"ptr": _int(ptr), "bytes": _int(nbytes)}
 
     def _htod(self, dst, src, nbytes, stream):
+        self._on_stream(stream, "htod")
         self.device_bytes(_int(dst), _int(nbytes))
         ctypes.memmove(_int(dst), _int(src), _int(nbytes))
         return {"dst": _int(dst), "bytes": _int(nbytes), "stream": _int(stream)}
 
     def _dtoh(self, dst, src, nbytes, stream):
+        self._on_stream(stream, "dtoh")
         self.device_bytes(_int(src), _int(nbytes))
         ctypes.memmove(_int(dst), _int(src), _int(nbytes))
         return {"src": _int(src), "bytes": _int(nbytes), "stream": _int(stream)}
 
     def _dtod(self, dst, src, nbytes, stream):
+        self._on_stream(stream, "dtod")
         self.device_bytes(_int(dst), _int(nbytes))
         self.device_bytes(_int(src), _int(nbytes))
         ctypes.memmove(_int(dst), _int(src), _int(nbytes))
@@ -159,6 +178,29 @@ class FakeDriver:
 
     def _sync(self, stream):
         return {"stream": _int(stream)}
+
+    # ---- events (work runs at once here: every event has completed) ---------------------------
+    def _event_create(self, out, flags):
+        self._events = getattr(self, "_events", 0) + 1
+        _set(out, 0xE000 + self._events)
+        return {"event": 0xE000 + self._events, "flags": _int(flags)}
+
+    def _event_record(self, event, stream):
+        self._on_stream(stream, "event_record")
+        return {"event": _int(event), "stream": _int(stream)}
+
+    def _event_query(self, event):
+        return {"event": _int(event)}
+
+    def _event_sync(self, event):
+        return {"event": _int(event)}
+
+    def _event_destroy(self, event):
+        return {"event": _int(event)}
+
+    def _stream_wait(self, stream, event, flags):
+        self._on_stream(stream, "stream_wait")
+        return {"stream": _int(stream), "event": _int(event)}
 
     def _error_name(self, code):
         return {"_return": f"fakeError{_int(code)}".encode()}
@@ -201,6 +243,7 @@ class FakeDriver:
 
     def _begin_capture(self, stream, mode):
         self._capturing = []
+        time.sleep(self.capture_delay)
         return {"stream": _int(stream), "mode": _int(mode)}
 
     def _end_capture(self, stream, out):
@@ -338,7 +381,7 @@ def test_memcpy_sizes(artifact, fake):
 
 def test_dlpack_rocm_tensors_in_and_out(artifact, fake):
     """A ROCm DLPack tensor goes in device to device (hipMemcpyDtoDAsync); outputs come back
-    as DeviceArrays on rocm:0 owning their memory (hipFree when dropped)."""
+    as DeviceArrays on rocm:0, in memory of the module's output pool."""
     mod = deploy.load(artifact)
     x = RNG.standard_normal((16, 32)).astype(np.float32)
     dev = mod.device
@@ -356,9 +399,15 @@ def test_dlpack_rocm_tensors_in_and_out(artifact, fake):
     assert copies[0] == {"dst": mod.ptr[mod.manifest["input_ids"][0]], "src": ptr,
                          "bytes": x.nbytes, "stream": STREAM}
     assert [c["bytes"] for c in copies[1:]] == [1024, 64] and copies[1]["dst"] == y.ptr
-    freed = y.ptr
-    del y
-    assert {"ptr": freed} in fake.named("free")
+    # the outputs live in a pooled slab: once dropped, the next run writes the same memory
+    slab, mallocs = y.ptr, len(fake.named("malloc"))
+    del y, s
+    y, s = mod.run({"x": x_dev})
+    assert y.ptr == slab and len(fake.named("malloc")) == mallocs and not fake.named("free")
+    np.testing.assert_allclose(s.numpy(), rs, rtol=1e-5, atol=1e-5)
+    y2, _ = mod.run({"x": x_dev})  # while y is held, a run takes another slab
+    assert y2.ptr != y.ptr and len(fake.named("malloc")) == mallocs + 1
+    np.testing.assert_allclose(y.numpy(), ry, rtol=1e-5, atol=1e-5)
     # numpy in -> numpy out, unless asked
     assert isinstance(mod.run({"x": x})[0], np.ndarray)
     assert isinstance(mod.run({"x": x}, device_outputs=True)[0], dlpack.DeviceArray)
@@ -403,3 +452,134 @@ def test_explicit_device_argument(artifact):
     mod = GpuModule(artifact, device=HipDevice(lib=fake))
     x = RNG.standard_normal((16, 32)).astype(np.float32)
     np.testing.assert_allclose(mod.run([x])[1], reference(x)[1], rtol=1e-5, atol=1e-5)
+
+
+# ---- the per-run path: driver calls, stream ordering, output reuse, concurrent runs ---------------
+
+def on_device(mod, x: np.ndarray) -> dlpack.DeviceArray:
+    ptr = mod.device.alloc(x.nbytes)
+    mod.device.upload(ptr, x)
+    return dlpack.DeviceArray(ptr, x.shape, "float32", mod.device.dlpack_device, free=mod.device.free)
+
+
+def calls_of(fake: FakeDriver, fn) -> list[str]:
+    before = len(fake.calls)
+    fn()
+    return [SYMBOLS[s] for s, _ in fake.calls[before:]]
+
+
+def test_steady_state_runs_make_only_the_calls_they_need(artifact, fake):
+    """Once the graph is captured: no allocation, free or per-input synchronize; numpy outputs
+    synchronize once; device in -> device out does not synchronize at all."""
+    mod = deploy.load(artifact)
+    x = RNG.standard_normal((16, 32)).astype(np.float32)
+    mod.run({"x": x})  # launches, then captures
+    assert calls_of(fake, lambda: mod.run({"x": x})) == \
+        ["set_device", "htod", "graph_launch", "dtoh", "dtoh", "sync"]
+    x_dev = on_device(mod, x)
+    first = calls_of(fake, lambda: mod.run({"x": x_dev}))  # makes the pool: event, slab
+    assert first.count("event_create") == 1 and first.count("malloc") == 1
+    assert calls_of(fake, lambda: mod.run({"x": x_dev})) == \
+        ["set_device", "event_query", "dtod", "graph_launch", "dtod", "dtod", "event_record"]
+    assert calls_of(fake, lambda: mod.run({"x": x}, device_outputs=True))[-1] == "sync"
+
+
+def test_consumer_streams_wait_on_events_and_fence_the_reuse(artifact, fake):
+    """``__dlpack__(stream=c)`` makes c wait for the run's event; the release records an event
+    on c, which our stream waits for before the next run writes the same slab."""
+    mod = deploy.load(artifact)
+    x = RNG.standard_normal((16, 32)).astype(np.float32)
+    y, s = mod.run({"x": on_device(mod, x)})
+    done = fake.named("event_record")[-1]
+    assert done["stream"] == STREAM
+    consumer = 0x7700
+    waits = len(fake.named("stream_wait"))
+    capsule = y.__dlpack__(stream=consumer)
+    assert fake.named("stream_wait")[waits:] == [{"stream": consumer, "event": done["event"]}]
+    y.__dlpack__(stream=-1)  # the consumer orders it itself
+    y.__dlpack__(stream=STREAM)  # our own stream: in order already
+    assert len(fake.named("stream_wait")) == waits + 1
+    slab = y.ptr
+    del capsule, y, s
+    fence = fake.named("event_record")[-1]
+    assert fence["stream"] == consumer and fence["event"] != done["event"]
+    before = len(fake.calls)
+    y, _s = mod.run({"x": on_device(mod, x)})
+    new = fake.calls[before:]
+    wait_at = new.index(("hipStreamWaitEvent", {"stream": STREAM, "event": fence["event"]}))
+    first_write = next(k for k, (sym, d) in enumerate(new)
+                       if SYMBOLS[sym] == "dtod" and d["dst"] == slab)
+    assert y.ptr == slab and wait_at < first_write
+    np.testing.assert_allclose(y.numpy(), reference(x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_input_capsules_are_kept_until_the_copies_ran(artifact, fake):
+    """Device in -> device out returns before the GPU is done: the inputs' capsules (and so the
+    producers' tensors) stay referenced until a later run sees the event complete."""
+    mod = deploy.load(artifact)
+    x = on_device(mod, RNG.standard_normal((16, 32)).astype(np.float32))
+    mod.run({"x": x})
+    assert dlpack.live_exports() == 1 and len(mod._kept) == 1  # x's capsule, held
+    mod.run({"x": x})  # sees the first run done: lets it go, holds its own
+    assert dlpack.live_exports() == 1 and len(mod._kept) == 1
+    mod.run({"x": x}, device_outputs=False)  # numpy outputs synchronize: nothing left pending
+    assert dlpack.live_exports() == 0 and not mod._kept
+
+
+class ProducerTensor:
+    """What torch does in ``__dlpack__(stream=s)``: makes ``s`` wait for the tensor's producer
+    (an event wait on s), then hands out the capsule."""
+
+    def __init__(self, fake: FakeDriver, array: dlpack.DeviceArray):
+        self.fake, self.array = fake, array
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+    def __dlpack__(self, stream=None, **kwargs):
+        if stream is not None:
+            self.fake.hipStreamWaitEvent(stream, 0xEE, 0)
+        return self.array.__dlpack__()
+
+
+def test_concurrent_device_runs_keep_the_graph_capture_clean(artifact, monkeypatch):
+    """Threads run one fresh module with device tensors: the first run captures the graph while
+    the others wait; none of their producers' stream waits may land on the capturing stream
+    (tests/test_gpu_runtime.py::test_dlpack_concurrent_runs on a real GPU)."""
+    from deploy.runtime import hip_driver
+    fake = FakeDriver(kernels={"k0_s0": gemm, "k1_s0": row_sum}, capture_delay=0.05)
+    monkeypatch.setattr(hip_driver, "_LIB", fake)
+    mod = deploy.load(artifact)
+    xs = [RNG.standard_normal((16, 32)).astype(np.float32) for _ in range(6)]
+    tensors = [ProducerTensor(fake, on_device(mod, x)) for x in xs]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(xs))
+
+    def worker(k: int) -> None:
+        try:
+            start.wait()
+            for _ in range(5):
+                _y, s = mod.run({"x": tensors[k]})
+                np.testing.assert_allclose(s.numpy(), reference(xs[k])[1], rtol=1e-5, atol=1e-5)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert not fake.violations, fake.violations
+    assert mod._graph is not None and len(fake.named("begin_capture")) == 1
+    assert mod._pool.made <= 2 * len(xs)  # reused: a thread holds its last outputs during a run
+
+
+def test_the_pool_keeps_a_few_released_slabs_and_frees_the_rest(artifact, fake):
+    from deploy.runtime.gpu_pool import POOL_KEEP
+    mod = deploy.load(artifact)
+    x = on_device(mod, RNG.standard_normal((16, 32)).astype(np.float32))
+    held = [mod.run({"x": x}) for _ in range(POOL_KEEP + 2)]  # all alive: one slab each
+    assert mod._pool.made == POOL_KEEP + 2 and not fake.named("free")
+    del held
+    assert len(fake.named("free")) == 2 and len(mod._pool._free) == POOL_KEEP

@@ -40,6 +40,11 @@ def _candidates(level: str, rng: random.Random, best: list[tuple], n: int) -> li
     return sorted(out)
 
 
+def _effective(k: Kernel, stages: list[int], cand: tuple) -> tuple:
+    sched = default_schedule(k, {s: {"mr": cand[0], "nr": cand[1]} for s in stages})
+    return tuple((sched[s].gemm.mr, sched[s].gemm.nr) for s in stages)
+
+
 def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Random,
                 report: TuneReport) -> TuningRecord | None:
     stages = tunable_stages(k)
@@ -53,10 +58,15 @@ def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Rando
         if time.time() > deadline:
             report.stopped_by_budget = True
             break
-        cands = [c for c in _candidates(level, rng, ranking, 6) if c not in tried]
+        # candidates the rule clamps to the same tiles (a small matrix) are measured once
+        cands = []
+        for c in _candidates(level, rng, ranking, 6):
+            eff = _effective(k, stages, c)
+            if c not in tried and eff not in tried:
+                tried.update((c, eff))
+                cands.append(c)
         if not cands:
             break
-        tried.update(cands)
         params = [{s: {"mr": mr, "nr": nr} for s in stages} for mr, nr in cands]
         times = time_kernels([(k, default_schedule(k, p)) for p in params], flags)
         report.measured += len(cands)
@@ -68,7 +78,10 @@ def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Rando
     report.kernels += 1
     report.baseline_seconds += base
     report.tuned_seconds += best_t
-    params = {str(s): {"mr": best[0], "nr": best[1]} for s in stages} if best else {}
+    params = {}
+    if best:  # the tiles the schedule really uses (the rule clamps them to small matrices)
+        for s, (mr, nr) in zip(stages, _effective(k, stages, best)):
+            params[str(s)] = {"mr": mr, "nr": nr}
     return TuningRecord(k.structural_hash(), {}, params, best_t, base)
 
 
