@@ -139,7 +139,8 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
                                      options.get("measure"), log=options.get("log", print))
         else:
             tuned = tune_kernels(plan.kernels, tune, target_features(tgt), tuple(tgt.cc_flags),
-                                 _budget_seconds(budget), db, log=options.get("log", print))
+                                 _budget_seconds(budget), db, log=options.get("log", print),
+                                 constants=_constant_inputs(plan))
         db.save()
         timings["tune_gain"] = round(tuned.gain(), 3)
         lap("tune")
@@ -469,6 +470,13 @@ def _entry_point(plan: Plan) -> str:
             lines.append(f"  v[{step['outputs'][0]}] = v[{step['inputs'][0]}];")
     decls = [f"void {s['symbol']}(void* const* args);" for s in plan.steps if s["kind"] == "kernel"]
     return "\n".join(decls + lines + ["}"]) + "\n"
+
+
+def _constant_inputs(plan: Plan) -> list[set[str]]:
+    """Per kernel, the names of its inputs that are weights (constants of the plan)."""
+    steps = [s for s in plan.steps if s["kind"] == "kernel"]
+    return [{b.name for b, vid in zip(k.inputs, step["inputs"]) if vid in plan.constants}
+            for k, step in zip(plan.kernels, steps)]
 
 
 def _pack_weights(k, sched, step: dict, plan: Plan, tuned):

@@ -87,3 +87,15 @@ def test_db_keeps_the_fastest_record(tmp_path):
     assert db.lookup("h", feats) == {0: {"mr": 6, "nr": 32}}
     db.save()
     assert TuningDB(tmp_path / "x.jsonl").lookup("h", feats) == {0: {"mr": 6, "nr": 32}}
+
+
+def test_tuner_measures_kernels_with_packed_weights(tmp_path, monkeypatch):
+    # the candidates timed are the kernels the compiler builds: constant weights in panels
+    seen = []
+
+    def fake_time(cands, flags, reps=5):
+        seen.extend(k for k, _ in cands)
+        return [1e-3 + 1e-6 * n for n in range(len(cands))]
+    monkeypatch.setattr(tune_mod, "time_kernels", fake_time)
+    deploy.compile(_model(), tune="quick", tuning_db=str(tmp_path / "db.jsonl"))
+    assert seen and all(any("_p" in b.name for b in k.inputs) for k in seen)

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from ...tensor_ir.kernel import Kernel
+from ...tensor_ir.pack import pack_weights
 from ...tensor_ir.schedule import GEMM_SPACE, default_schedule, tunable_stages
 from ...tensor_ir.tuning_db import TuningDB, TuningRecord
 from .measure import time_kernels
@@ -45,12 +46,19 @@ def _effective(k: Kernel, stages: list[int], cand: tuple) -> tuple:
     return tuple((sched[s].gemm.mr, sched[s].gemm.nr) for s in stages)
 
 
+def _build(k: Kernel, params: dict | None, constants: set[str]):
+    """(kernel, schedule) as the compiler builds it: constant GEMM weights packed for the tile."""
+    sched = default_schedule(k, params)
+    pk, packings = pack_weights(k, sched, constants)
+    return (pk, default_schedule(pk, params)) if packings else (k, sched)
+
+
 def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Random,
-                report: TuneReport) -> TuningRecord | None:
+                report: TuneReport, constants: set[str] = frozenset()) -> TuningRecord | None:
     stages = tunable_stages(k)
     if not stages:
         return None
-    base = time_kernels([(k, default_schedule(k))], flags)[0]
+    base = time_kernels([_build(k, None, constants)], flags)[0]
     best, best_t, tried = None, base, set()
     ranking: list[tuple] = []
     rounds = 1 if level == "quick" else 4
@@ -68,7 +76,7 @@ def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Rando
         if not cands:
             break
         params = [{s: {"mr": mr, "nr": nr} for s in stages} for mr, nr in cands]
-        times = time_kernels([(k, default_schedule(k, p)) for p in params], flags)
+        times = time_kernels([_build(k, p, constants) for p in params], flags)
         report.measured += len(cands)
         for c, t in sorted(zip(cands, times), key=lambda ct: ct[1]):
             ranking.append(c)
@@ -86,9 +94,11 @@ def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Rando
 
 
 def tune_kernels(kernels: list[Kernel], level: str, features: dict, flags, budget_s: float,
-                 db: TuningDB, log=print) -> TuneReport:
-    """Tune every distinct tunable kernel not already in ``db``; records go into ``db``."""
+                 db: TuningDB, log=print, constants: list[set[str]] | None = None) -> TuneReport:
+    """Tune every distinct tunable kernel not already in ``db``; records go into ``db``.
+    ``constants``: per kernel, its inputs that are weights (measured packed, as compiled)."""
     report = TuneReport()
+    packed = dict(zip((id(k) for k in kernels), constants or []))
     deadline = time.time() + budget_s
     rng = random.Random(0)
     seen = set()
@@ -102,7 +112,7 @@ def tune_kernels(kernels: list[Kernel], level: str, features: dict, flags, budge
             report.stopped_by_budget = True
             log(f"tune: budget spent after {n - 1}/{len(todo)} kernels")
             break
-        rec = tune_kernel(k, level, flags, deadline, rng, report)
+        rec = tune_kernel(k, level, flags, deadline, rng, report, packed.get(id(k), set()))
         if rec is not None:
             db.add(TuningRecord(rec.kernel_hash, features, rec.params, rec.seconds,
                                 rec.baseline_seconds))
