@@ -35,9 +35,9 @@ from .graph_ir.passes import precision, run_pipeline
 from .graph_ir.printer import print_graph
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
-from .tensor_ir.expr import Load, walk
 from .tensor_ir.constants import inline_scalars
 from .tensor_ir.epilogue import fuse_epilogues
+from .tensor_ir.expr import Load, walk
 from .tensor_ir.fuse import lower_fused
 from .tensor_ir.lower import LOWERINGS, lower_node
 from .tensor_ir.memory import MemoryPlan, inplace_pairs, plan_memory

@@ -68,7 +68,8 @@ def profile(path: str, runs: int) -> list[tuple[float, dict, dict]]:
         args = [env[v] for v in step["inputs"]] + [env[v] for v in step["outputs"]]
         ptrs = (ctypes.c_void_p * len(args))(*[a.ctypes.data for a in args])
         fn = mod._fns[step["symbol"]]
-        rows.append((_median_ms(lambda: fn(ptrs), runs), step, kernels[step["symbol"]]))
+        rows.append((_median_ms(lambda fn=fn, ptrs=ptrs: fn(ptrs), runs), step,
+                     kernels[step["symbol"]]))
     return sorted(rows, key=lambda r: -r[0])
 
 

@@ -17,8 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 
-from .expr import (INDEX, B, Binary, Const, Expr, Load, Reduce, Var, affine_coeff, binary,
-                   substitute, transform, walk)
+from .expr import (
+    INDEX,
+    B,
+    Binary,
+    Const,
+    Expr,
+    Load,
+    Reduce,
+    Var,
+    affine_coeff,
+    binary,
+    substitute,
+    transform,
+    walk,
+)
 from .kernel import Buffer, Kernel, Stage
 
 _ACC = Var("epilogue_acc_")  # stands for the reduction's value while the epilogue is rewritten
@@ -38,7 +51,7 @@ def fuse_epilogues(kernel: Kernel) -> Kernel:
 
 
 def _base(kernel: Kernel, name: str) -> str:
-    return dict((v.name, base) for v, base in kernel.aliases).get(name, name)
+    return {v.name: base for v, base in kernel.aliases}.get(name, name)
 
 
 def _fold(kernel: Kernel, k: int) -> Kernel | None:
