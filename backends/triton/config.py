@@ -9,6 +9,10 @@ Defaults follow the problem and the target, with no measuring:
   (M=100352) gets large ones. Tensor-core GEMMs (fp16/bf16, or TF32) need larger tiles than
   fp32 IEEE GEMMs (FMA units); on sm_90 a tile of fewer than 64 rows cannot use ``wgmma``.
 - ``BK``, warps and pipeline stages follow the tile, the operand size and the shared memory.
+- Split-K: a GEMM with fewer output tiles than multiprocessors and a long K (batch-1
+  ``49 x 512 x 4608``, ``128 x 768 x 3072``) runs ``SPLIT_K`` programs per tile, each over a
+  slice of K, when ``split_k_cost`` (waves of resident programs over the multiprocessors, plus
+  the partial sums' traffic and the second launch) says it pays.
 - Reductions keep enough programs to cover the multiprocessors.
 
 ``gemm_space`` / ``reduction_space`` are the small tuning spaces beside these defaults
@@ -17,6 +21,7 @@ stage through ``tuned=`` (validated: a malformed record falls back to the defaul
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 DEFAULT_SHARED = 48 * 1024  # bytes of shared memory a block may use when no target says
@@ -47,10 +52,12 @@ class GemmConfig(LaunchConfig):
     bn: int = 64
     bk: int = 32
     group_m: int = 8  # row tiles that share a column tile (L2 reuse)
+    split_k: int = 1  # programs per output tile, each over a slice of K (partials summed after)
 
     def params(self) -> dict:
         return {"template": "gemm", "bm": self.bm, "bn": self.bn, "bk": self.bk,
-                "num_warps": self.num_warps, "num_stages": self.num_stages}
+                "num_warps": self.num_warps, "num_stages": self.num_stages,
+                "split_k": self.split_k}
 
 
 def pow2(n: int) -> int:
@@ -210,7 +217,82 @@ def gemm_config(m: int, n: int, k: int, target=None, half: bool = False, tf32: b
     tc = _tensor_cores(half, tf32)
     _, _, bm, bn = min((gemm_cost(bm, bn, m, n, k, batch, target, tc), -bm * bn, bm, bn)
                        for bm, bn in _tiles(m, n, tc, target))
-    return _complete(bm, bn, k, target, half, tc)
+    cfg = _complete(bm, bn, k, target, half, tc)
+    return dataclasses.replace(cfg, split_k=choose_split_k(m, n, k, batch, cfg, target, half, tc))
+
+
+# ---- split-K ------------------------------------------------------------------------------------
+
+SPLIT_MIN_K = 1024  # K this long or longer may be split
+SPLIT_MIN_CHUNK = 256  # and each program keeps at least this much of it
+SPLIT_MAX = 16
+LAUNCH_S = 2e-6  # the second (summing) launch, inside a CUDA graph
+RESIDENT_WARPS = 32  # warps per multiprocessor the model lets programs share
+SATURATING_WARPS = 8  # warps a multiprocessor needs to hide latency (FMA and tensor cores)
+
+
+def _rates(target, half: bool, tc: bool) -> tuple[float, float]:
+    """(multiply-adds per second per multiprocessor, DRAM bytes per second) of the target."""
+    peak = getattr(target, "peak", None)
+    key = "fp16" if half else "tf32" if tc else "fp32"
+    tflops = (peak(key) if peak else 0.0) or {"fp16": 300.0, "tf32": 150.0, "fp32": 20.0}[key]
+    bw = float(getattr(target, "mem_bandwidth_gbs", 0) or 1000.0) * 1e9
+    return tflops * 1e12 / 2 / _sms(target), bw
+
+
+def split_k_cost(m: int, n: int, k: int, batch: int, cfg: GemmConfig, split: int, target=None,
+                 half: bool = False, tc: bool = False) -> float:
+    """Seconds (a model) of a GEMM tiled by ``cfg`` with K split ``split`` ways. ``r`` programs
+    share a multiprocessor (as many as there are per multiprocessor, up to what warps and
+    shared memory allow); together they run at ``min(1, r * warps / 8)`` of its peak, so one
+    small program alone on a multiprocessor (a batch-1 GEMM on 128 tiles) runs at a fraction of
+    it. Waves of ``sms * r`` programs; split > 1 adds the fp32 partials written and read back
+    and the summing launch."""
+    sms = _sms(target)
+    mac_rate, bw = _rates(target, half, tc)
+    programs = -(-m // cfg.bm) * -(-n // cfg.bn) * batch * split
+    elt = 2 if half else 4
+    tile_bytes = (cfg.bm * cfg.bk + cfg.bk * cfg.bn) * elt * cfg.num_stages
+    slots = max(1, min(RESIDENT_WARPS // cfg.num_warps,
+                       int(getattr(target, "shared_mem_per_sm", 0) or _shared(target))
+                       // max(1, tile_bytes)))
+    r = min(slots, -(-programs // sms))
+    waves = -(-programs // (sms * r))
+    chunk = -(-k // split)
+    intensity = cfg.bm * cfg.bn / (cfg.bm + cfg.bn)
+    eff = intensity / (intensity + (40.0 if tc else 8.0))
+    per_program = cfg.bm * cfg.bn * chunk / eff / mac_rate
+    busy = min(1.0, r * cfg.num_warps / SATURATING_WARPS)
+    t = waves * r * per_program / busy
+    if split > 1:
+        t += split * m * n * batch * 4 * 2 / bw + LAUNCH_S
+    return t
+
+
+def split_k_options(k: int, bk: int) -> list[int]:
+    """Splits worth trying: each slice at least ``SPLIT_MIN_CHUNK`` long, none empty."""
+    if k < SPLIT_MIN_K:
+        return [1]
+    return [s for s in range(1, SPLIT_MAX + 1)
+            if s == 1 or (-(-k // s) >= max(SPLIT_MIN_CHUNK, bk)
+                          and split_chunk(k, s, bk) * (s - 1) < k)]  # no slice left empty
+
+
+def split_chunk(k: int, split: int, bk: int) -> int:
+    """K per program of a ``split``-way split: a multiple of BK (the last slice is shorter)."""
+    per = -(-k // split)
+    return -(-per // bk) * bk
+
+
+def choose_split_k(m: int, n: int, k: int, batch: int, cfg: GemmConfig, target=None,
+                   half: bool = False, tc: bool = False) -> int:
+    """The split with the lowest ``split_k_cost``; 1 unless the tiles leave multiprocessors
+    idle (fewer programs than multiprocessors) and K is long."""
+    tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * batch
+    if tiles >= _sms(target):
+        return 1
+    return min(split_k_options(k, cfg.bk),
+               key=lambda s: (split_k_cost(m, n, k, batch, cfg, s, target, half, tc), s))
 
 
 def _complete(bm: int, bn: int, k: int, target, half: bool, tc: bool,
@@ -246,7 +328,10 @@ def _tuned_gemm(tuned: dict | None, target, half: bool) -> GemmConfig | None:
         return None
     if (bm * bk + bk * bn) * (2 if half else 4) * s > _shared(target):
         return None  # would not fit this target's shared memory
-    return GemmConfig(num_warps=w, num_stages=s, bm=bm, bn=bn, bk=bk)
+    split = tuned.get("split_k", 1)
+    if not isinstance(split, int) or not 1 <= split <= SPLIT_MAX:
+        return None
+    return GemmConfig(num_warps=w, num_stages=s, bm=bm, bn=bn, bk=bk, split_k=split)
 
 
 def gemm_space(m: int, n: int, k: int, target=None, half: bool = False, tf32: bool = False,
@@ -268,27 +353,36 @@ def gemm_space(m: int, n: int, k: int, target=None, half: bool = False, tf32: bo
     if not _amd(target):
         for s in (base.num_stages - 1, base.num_stages + 1):
             if 2 <= s <= 5:
-                add(GemmConfig(num_warps=base.num_warps, num_stages=s, bm=base.bm, bn=base.bn,
-                               bk=base.bk))
+                add(dataclasses.replace(base, num_stages=s))
     tiles = sorted((gemm_cost(bm, bn, m, n, k, batch, target, tc), -bm * bn, bm, bn)
                    for bm, bn in _tiles(m, n, tc, target))
     shapes = [(bm, bn) for _, _, bm, bn in tiles if (bm, bn) != (base.bm, base.bn)]
+    splits = split_k_options(k, base.bk)
+    few = -(-m // base.bm) * -(-n // base.bn) * batch < _sms(target)
+    if few and len(splits) > 1:  # split-K beside the default: unsplit, half and double it
+        for sk in sorted({1, max(2, base.split_k // 2), base.split_k * 2, base.split_k}):
+            if sk in splits:
+                add(dataclasses.replace(base, split_k=sk))
+    def split(c: GemmConfig) -> GemmConfig:
+        return dataclasses.replace(c, split_k=choose_split_k(m, n, k, batch, c, target, half, tc))
+
     for bm, bn in shapes[:5]:
-        add(_complete(bm, bn, k, target, half, tc))
+        add(split(_complete(bm, bn, k, target, half, tc)))
     for bm, bn in [(base.bm, base.bn)] + shapes[:1]:
         c = _complete(bm, bn, k, target, half, tc)
         for bk in (c.bk * 2, c.bk // 2):
             if 16 <= bk <= max(16, pow2(k)):
-                add(_complete(bm, bn, k, target, half, tc, bk=bk, warps=c.num_warps))
+                add(split(_complete(bm, bn, k, target, half, tc, bk=bk, warps=c.num_warps)))
         for w in (c.num_warps * 2, c.num_warps // 2):
             if 1 <= w <= 8:
-                add(_complete(bm, bn, k, target, half, tc, warps=w))
+                add(split(_complete(bm, bn, k, target, half, tc, warps=w)))
     return out[:limit]
 
 
 def describe(cfg: LaunchConfig) -> str:
     if isinstance(cfg, GemmConfig):
-        return f"{cfg.bm}x{cfg.bn}x{cfg.bk} w{cfg.num_warps} s{cfg.num_stages}"
+        split = f" split{cfg.split_k}" if cfg.split_k > 1 else ""
+        return f"{cfg.bm}x{cfg.bn}x{cfg.bk} w{cfg.num_warps} s{cfg.num_stages}{split}"
     if isinstance(cfg, ReductionConfig):
         return f"x{cfg.xblock} r{cfg.rblock} w{cfg.num_warps}"
     return f"b{cfg.block} w{cfg.num_warps}"

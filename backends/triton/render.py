@@ -36,10 +36,18 @@ from ...tensor_ir.expr import (
 from ...tensor_ir.kernel import Kernel, Stage
 from ...tensor_ir.schedule import operand_ok
 from .attention import AttentionStage, render_attention
-from .config import GemmConfig, LaunchConfig, gemm_config, pointwise_config, reduction_config
+from .config import (
+    GemmConfig,
+    LaunchConfig,
+    gemm_config,
+    pointwise_config,
+    reduction_config,
+    split_chunk,
+)
 from .exprs import PRELUDE, PTR_TYPE, BufRef, Emitter, compute_dtype, tl_type
 
 BIG = 2 ** 31
+WS_PARAM = "p_splitk__ws"  # the split-K workspace's parameter (the same in every function)
 
 
 @dataclass
@@ -56,6 +64,7 @@ class TritonFunction:
     template: str
     stage: int
     meta: dict = field(default_factory=dict)
+    workspace: dict[str, int] = field(default_factory=dict)  # scratch buffer -> bytes (split-K)
 
 
 def _ident(name: str) -> str:
@@ -95,11 +104,12 @@ class TritonRenderer:
         for s, stage in enumerate(k.stages):
             if _numel(stage.extents) == 0:
                 continue  # nothing to write
-            fn = StageRenderer(self, f"{k.name}_s{s}", refs, wide,
-                               (tuned or {}).get(s)).render(stage)
-            fn.args = [owner[p] for p in fn.args]
-            fn.stage = s
-            out.append(fn)
+            sr = StageRenderer(self, f"{k.name}_s{s}", refs, wide, (tuned or {}).get(s))
+            fn = sr.render(stage)
+            for f in (fn, *sr.extra):  # split-K: the partial GEMM, then the sum + epilogue
+                f.args = [owner.get(p) or sr.owner[p] for p in f.args]
+                f.stage = s
+                out.append(f)
         return out
 
     @staticmethod
@@ -117,6 +127,8 @@ class StageRenderer:
         self.refs = refs
         self.wide = wide
         self.em = Emitter(refs)
+        self.extra: list[TritonFunction] = []  # functions launched after this one (split-K)
+        self.owner: dict[str, str] = {}  # parameter -> buffer, for buffers this stage adds
 
     def render(self, st: Stage) -> TritonFunction:
         if isinstance(st, AttentionStage):
@@ -315,7 +327,13 @@ class StageRenderer:
         em.param(st.out)
         pm, pn = -(-c.m // cfg.bm), -(-c.n // cfg.bn)
         tiles = pm * pn
+        outer = _numel([st.extents[k] for k in c.outer])
+        split = self._split(st, c, cfg)
+        chunk = split_chunk(c.k, split, cfg.bk)  # K per program, a multiple of BK
         em.emit("pid = tl.program_id(0)" + (".to(tl.int64)" if self.wide else ""))
+        if split > 1:  # the K slice is the slowest index: a wave holds whole slices
+            em.emit(f"ks = pid // {tiles * outer}")
+            em.emit(f"pid = pid % {tiles * outer}")
         em.emit(f"po = pid // {tiles}")
         em.emit(f"t = pid % {tiles}")
         # grouped order: GROUP_M row tiles share each column tile while it is in L2
@@ -332,7 +350,10 @@ class StageRenderer:
         em.decompose("nj", [st.vars[k] for k in c.nvars], [st.extents[k] for k in c.nvars])
         em.emit("acc = tl.zeros([BM, BN], tl.float32)")
         rvars, rext = [v for v, _ in c.red.vars], [e for _, e in c.red.vars]
-        em.open(f"for k0 in range(0, {c.k}, BK):")
+        if split > 1:
+            em.open(f"for k0 in range(ks * {chunk}, ks * {chunk} + {chunk}, BK):")
+        else:
+            em.open(f"for k0 in range(0, {c.k}, BK):")
         cast = ".to(tl.int64)" if self.wide else ""
         a = self._operand(c.a, "ka", f"(k0 + tl.arange(0, BK)[None, :]){cast}", f"(mi < {c.m})",
                           rvars, rext, c, "[BM, BK]")
@@ -344,13 +365,69 @@ class StageRenderer:
         em.close()
         em.emit(f"omask = (mi < {c.m}) & (nj < {c.n})")
         epi = transform(st.body, lambda e: Var("acc", c.red.dtype) if e == c.red else None)
+        consts = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk}
+        meta = {"m": c.m, "n": c.n, "k": c.k, "half": c.half, "batch": outer}
+        if split > 1:
+            return self._split_partial(st, epi, split, tiles * outer * split, cfg, consts, meta)
         em.env[Var("acc", c.red.dtype)] = "acc"
         value = em.expr(epi, "omask")
         self._store(st, value, "omask", None)
-        outer = _numel([st.extents[k] for k in c.outer])
-        consts = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk}
-        meta = {"m": c.m, "n": c.n, "k": c.k, "half": c.half}
         return self._function("gemm", consts, (tiles * outer,), cfg, meta)
+
+    def _split(self, st: Stage, c: Contraction, cfg: GemmConfig) -> int:
+        """The configuration's split of K, 1 when it cannot apply (K shorter than two slices,
+        partial sums beyond 32-bit offsets)."""
+        split = max(1, int(getattr(cfg, "split_k", 1) or 1))
+        if split == 1 or self.wide or c.k < 2 * cfg.bk or \
+                split * _numel(st.extents) >= BIG:
+            return 1
+        while split > 1 and split_chunk(c.k, split, cfg.bk) * (split - 1) >= c.k:
+            split -= 1  # a slice would be empty (a tuned split for another K, say)
+        return split
+
+    def _split_partial(self, st: Stage, epi: Expr, split: int, programs: int, cfg: GemmConfig,
+                       consts: dict, meta: dict) -> TritonFunction:
+        """Split-K, part 1: each program stores its fp32 partial tile into the workspace
+        ``ws[ks, *point]``; part 2 (``_split_sum``, a second launch) sums the ``split``
+        partials of each point in order and applies the epilogue once."""
+        em = self.em
+        ws = f"{self.name}_ws"
+        points = _numel(st.extents)
+        self.refs[ws] = BufRef(WS_PARAM, (split, *st.extents), DType.float32)
+        self.owner[WS_PARAM] = ws
+        ks = Var(f"{self.name}_ks")
+        em.env[ks] = "ks"
+        off = em.flat(ws, (ks, *st.vars), "omask")
+        em.emit(f"tl.store({WS_PARAM} + ({off}), acc, mask=omask)")
+        em.used.pop(self.refs[st.out].param, None)  # the output is written by part 2 only
+        nbytes = split * points * 4
+        meta = dict(meta, split_k=split)
+        part1 = self._function("gemm", dict(consts, SPLIT_K=split), (programs,), cfg, meta)
+        part1.workspace = {ws: nbytes}
+        part2 = StageRenderer(self.parent, f"{self.name}_sum", self.refs, self.wide)
+        fn = part2._split_sum(st, epi, ws, split, points)
+        fn.workspace = {ws: nbytes}
+        self.extra.append(fn)
+        self.owner.update(part2.owner)
+        return part1
+
+    def _split_sum(self, st: Stage, epi: Expr, ws: str, split: int, points: int
+                   ) -> TritonFunction:
+        cfg = pointwise_config(points)
+        em = self.em
+        em.param(st.out)
+        wsp = em.param(ws).param
+        em.emit(f"xidx = {self._flat_index(points, 'XBLOCK')}")
+        em.emit(f"xmask = xidx < {points}")
+        em.emit(f"acc = tl.load({wsp} + xidx, mask=xmask, other=0)")
+        for s in range(1, split):  # fixed order: the same sum on every run
+            em.emit(f"acc += tl.load({wsp} + ({s * points} + xidx), mask=xmask, other=0)")
+        em.decompose("xidx", st.vars, st.extents)
+        em.env[Var("acc", DType.float32)] = "acc"
+        value = em.expr(epi, "xmask")
+        self._store(st, value, "xmask", "xidx")
+        return self._function("splitk_sum", {"XBLOCK": cfg.block}, (-(-points // cfg.block),),
+                              cfg, {"split_k": split})
 
     def _operand(self, e: Expr, kname: str, kexpr: str, inside: str, rvars, rext, c, shape):
         em = self.em

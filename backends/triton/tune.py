@@ -48,6 +48,12 @@ class Candidate:
     stage: int
     config: LaunchConfig
     fn: TritonFunction
+    extra: list[TritonFunction] = dataclasses.field(default_factory=list)  # split-K's sum
+
+    @property
+    def fns(self) -> list[TritonFunction]:
+        """Every function the candidate launches, in order."""
+        return [self.fn, *self.extra]
 
 
 @dataclasses.dataclass
@@ -81,8 +87,8 @@ def stage_spaces(fused: Kernel, renderer: TritonRenderer, level: str) -> dict[in
         if f.template == "gemm":
             m, n, k = f.meta["m"], f.meta["n"], f.meta["k"]
             tiles = -(-m // f.constexprs["BM"]) * -(-n // f.constexprs["BN"])
-            space = gemm_space(m, n, k, tgt, f.meta["half"], renderer.allow_tf32,
-                               f.grid[0] // tiles, limit)
+            batch = f.meta.get("batch", f.grid[0] // tiles)
+            space = gemm_space(m, n, k, tgt, f.meta["half"], renderer.allow_tf32, batch, limit)
         elif f.template == "reduction":
             rn = max(_reduce_extent(r) for r in walk(st.body) if isinstance(r, Reduce))
             space = reduction_space(_numel(st.extents), rn, tgt, limit)
@@ -99,13 +105,15 @@ def candidates(k: Kernel, renderer: TritonRenderer, level: str, tag: str) -> lis
     out = []
     for stage, space in stage_spaces(fused, renderer, level).items():
         for i, cfg in enumerate(space):
-            fns = renderer.kernel(fused, {stage: cfg.params()})
-            fn = next(f for f in fns if f.stage == stage)
-            name = f"{tag}_c{i}_{fn.name}"
-            fn = dataclasses.replace(fn, name=name,
-                                     source=fn.source.replace(f"def {fn.name}(", f"def {name}(", 1))
-            out.append(Candidate(k, fused, stage, cfg, fn))
+            fns = [_renamed(f, f"{tag}_c{i}_{f.name}")
+                   for f in renderer.kernel(fused, {stage: cfg.params()}) if f.stage == stage]
+            out.append(Candidate(k, fused, stage, cfg, fns[0], fns[1:]))
     return out
+
+
+def _renamed(fn: TritonFunction, name: str) -> TritonFunction:
+    return dataclasses.replace(fn, name=name,
+                               source=fn.source.replace(f"def {fn.name}(", f"def {name}(", 1))
 
 
 # ---- the tuning loop ------------------------------------------------------------------------
@@ -265,11 +273,11 @@ class DeviceMeasurer:
 
     def __call__(self, cands: list[Candidate]) -> list[float]:
         self.open()  # compile workers are fresh processes (fork+exec): no CUDA state shared
-        binaries = compile_tolerant([c.fn for c in cands], self.tgt, self.jobs)
+        binaries = compile_tolerant([f for c in cands for f in c.fns], self.tgt, self.jobs)
         out, buffers = [], {}
         for c in cands:
-            b = binaries.get(c.fn.name)
-            if b is None:
+            bins = [binaries.get(f.name) for f in c.fns]
+            if any(b is None for b in bins):
                 out.append(float("inf"))
                 continue
             key = id(c.fused)
@@ -277,7 +285,7 @@ class DeviceMeasurer:
                 self._free(buffers)
                 buffers = {key: self._buffers(c.fused)}
             try:
-                out.append(self._time(c, b, buffers[key]) * 1e-3)
+                out.append(self._time(c, bins, buffers[key]) * 1e-3)
             except DeployError:
                 out.append(float("inf"))  # e.g. too much shared memory on this GPU
         self._free(buffers)
@@ -315,20 +323,39 @@ class DeviceMeasurer:
             ptrs[b.name] = ptr
         return ptrs
 
-    def _time(self, c: Candidate, b, ptrs: dict[str, int]) -> float:
+    def _time(self, c: Candidate, bins: list, ptrs: dict[str, int]) -> float:
+        """Median ms of the candidate's launches in order (split-K: the partial GEMM and the
+        sum, its workspace allocated here)."""
         dev = self.device
-        members = {f"gpu/{c.fn.name}.{kind}": data for kind, data in b.images.items()}
+        launches, own = [], []
+        self._scratch(max(b.global_scratch * f.grid[0] * f.grid[1] * f.grid[2]
+                          for f, b in zip(c.fns, bins)))  # grown once: no pointer goes stale
+        for fn, b in zip(c.fns, bins):
+            for ws, nbytes in fn.workspace.items():
+                if ws not in ptrs:
+                    ptrs[ws] = dev.alloc(nbytes)
+                    own.append(ws)
+            launches.append(self._prepare(fn, b, ptrs))
+        try:
+            return self.timer.time_ms(lambda: [dev.launch(x) for x in launches])
+        finally:
+            dev.synchronize()
+            for ws in own:
+                dev.free(ptrs.pop(ws))
+
+    def _prepare(self, fn: TritonFunction, b, ptrs: dict[str, int]):
+        dev = self.device
+        members = {f"gpu/{fn.name}.{kind}": data for kind, data in b.images.items()}
         dev.load({"arch": self.tgt.arch}, members)
-        launch = {"fn": c.fn.name, "grid": list(c.fn.grid), "shared": b.shared,
+        launch = {"fn": fn.name, "grid": list(fn.grid), "shared": b.shared,
                   "block": [(self.tgt.warp_size or 32) * b.num_warps, 1, 1],
-                  "binaries": {kind: f"gpu/{c.fn.name}.{kind}" for kind in b.images}}
-        args = [ptrs[a] for a in c.fn.args]
+                  "binaries": {kind: f"gpu/{fn.name}.{kind}" for kind in b.images}}
+        args = [ptrs[a] for a in fn.args]
         trailing = b.params - len(args)
         if trailing > 0:
-            gx, gy, gz = c.fn.grid
+            gx, gy, gz = fn.grid
             args += [self._scratch(b.global_scratch * gx * gy * gz)] + [0] * (trailing - 1)
-        x = dev.prepare(dev.function(launch), launch, args)
-        return self.timer.time_ms(lambda: dev.launch(x))
+        return dev.prepare(dev.function(launch), launch, args)
 
 
 # ---- tolerant parallel compiles ---------------------------------------------------------------
