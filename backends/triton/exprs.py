@@ -292,6 +292,8 @@ class Emitter:
                 table.update(UINT_BINARY)
         if e.op not in table:
             raise NotImplementedError(f"Triton renderer: binary {e.op.name} on {src.name}")
+        if e.op is B.POW and src.is_float and isinstance(e.b, Const) and e.b.value in (2, 3):
+            return "(" + " * ".join([f"({a})"] * int(e.b.value)) + ")"  # no libdevice pow
         return table[e.op].format(a=a, b=b, t=tl_type(compute_dtype(e.dtype)))
 
     def _cast(self, e: Cast, x: str) -> str:
