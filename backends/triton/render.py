@@ -34,7 +34,7 @@ from ...tensor_ir.expr import (
     walk,
 )
 from ...tensor_ir.kernel import Kernel, Stage
-from ...tensor_ir.schedule import operand_ok
+from ...tensor_ir.schedule import injective_store, operand_ok
 from .attention import AttentionStage, render_attention
 from .config import (
     GemmConfig,
@@ -171,7 +171,9 @@ class StageRenderer:
 
     def _store(self, st: Stage, value: str, guard: str | None, contiguous: str | None) -> None:
         out = self.refs[st.out]
-        if contiguous is not None and tuple(st.extents) == out.shape:
+        if st.store_index is not None:  # an injective scatter (a padded or im2col copy)
+            off = self.em.flat(st.out, st.store_index, guard)
+        elif contiguous is not None and tuple(st.extents) == out.shape:
             off = contiguous
         else:
             off = self.em.flat(st.out, st.vars, guard)
@@ -498,8 +500,8 @@ def contraction_of(st: Stage) -> Contraction | None:
 
 
 def _is_serial(st: Stage, refs: dict[str, BufRef]) -> bool:
-    if st.store_index is not None:
-        return True
+    if st.store_index is not None and (st.accumulate or not injective_store(st)):
+        return True  # later writes win (ONNX's scatter order) or accumulate: one program
     mine = refs[st.out].param
     same = tuple(st.extents) == refs[st.out].shape
     for x in walk(st.body):

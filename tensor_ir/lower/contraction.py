@@ -226,17 +226,18 @@ def _conv_im2col(ctx: LowerCtx):
     acc = compute_dtype(out.dtype)
     cols = ctx.temp((n, x.shape[1]) + tuple(kernel) + (p_pad,), x.dtype)
 
-    def tap(b, ch, ks, os_, extra=()):
+    def tap(b, ch, *ko):
+        ks, os_ = ko[:nsp], ko[nsp:]
         pos = [os_[i] * s[i] + ks[i] * dil[i] - pads[i] for i in range(nsp)]
-        return select(_all([_inside(pos, sp), *extra]), x[(b, ch, *pos)], const(0, x.dtype))
+        return select(_inside(pos, sp), x[(b, ch, *pos)], const(0, x.dtype))
 
-    def fill(b, ch, *kp):  # p -> output position by division
-        ks, p = kp[:nsp], kp[nsp]
-        os_ = [binary(B.MOD, binary(B.FLOORDIV, p, pitch[i]), out_sp[i]) if i else
-               binary(B.FLOORDIV, p, pitch[i]) for i in range(nsp)]
-        return tap(b, ch, ks, os_, [binary(B.LT, p, n_out)] if p_pad != n_out else [])
-
-    fill_stage = compute(cols, fill)
+    # filled over the output grid (no index division), stored at the flat position: no two
+    # points share one, so the copy runs in parallel (schedule.injective_store)
+    stages = [compute(cols, lambda *v: const(0, x.dtype))] if p_pad != n_out else []
+    stages.append(scatter(cols, (n, x.shape[1]) + tuple(kernel) + tuple(out_sp),
+                          lambda b, ch, *ko: (b, ch, *ko[:nsp], sum(
+                              (ko[nsp + i] * pitch[i] for i in range(nsp)), Const(0, INDEX))),
+                          tap))
 
     in_place = p_pad == n_out and acc is out.dtype
     ext = view(ctx, out, (n, m, p_pad)) if in_place else ctx.temp((n, m, p_pad), acc)
@@ -248,7 +249,7 @@ def _conv_im2col(ctx: LowerCtx):
         prod = cast(cols[(b, chan, *ks, p)], acc) * cast(w[(mm, c, *ks)], acc)
         return Reduce(R.SUM, rv, prod, acc)
 
-    stages = [fill_stage, compute(ext, body)]
+    stages.append(compute(ext, body))
     if in_place:
         return stages + _finish(ext, ext, bias)
     return stages + [_copy_out(ext, out, bias, lambda o: [sum(
