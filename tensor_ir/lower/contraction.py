@@ -123,17 +123,18 @@ def _inside(pos, dims):
 def lower_conv(ctx: LowerCtx):
     if ctx.attr("layout") == "NHWC":
         return lower_conv_nhwc(ctx)
+    if ctx.ins[1].shape[1] == 1 and ctx.attr("group") == ctx.out.shape[1] > 1:
+        return _conv_depthwise(ctx)
     if all(s == 1 for s in ctx.attr("strides")):
         return _conv_direct(ctx)
-    if ctx.ins[1].shape[1] == 1 and ctx.attr("group") == ctx.out.shape[1]:
-        return _conv_depthwise_strided(ctx)
     return _conv_im2col(ctx)
 
 
-def _conv_depthwise_strided(ctx: LowerCtx):
-    """Depthwise (one input channel per output channel), strided: the input zero-padded once,
-    then out[n, m, o] = sum_k padded[n, m, o * s + k * d] * w[m, 0, k]. An im2col copy would
-    be k times the input for a contraction of only k terms per output."""
+def _conv_depthwise(ctx: LowerCtx):
+    """Depthwise (one input channel per output channel): the input zero-padded once, then
+    out[n, m, o] = sum_k padded[n, m, o * s + k * d] * w[m, 0, k], written in place (the bias
+    and any activation join that stage). An im2col copy would be k times the input for a
+    contraction of only k terms per output; the flat wide-pitch form would need a crop copy."""
     x, w = ctx.ins[:2]
     bias = ctx.ins[2] if len(ctx.ins) > 2 else None
     out = ctx.out
