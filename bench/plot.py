@@ -2,7 +2,8 @@
 
     python -m deploy.bench.plot docs/benchmarks.md docs/benchmarks.png
 
-Reads every markdown table with a ``deploy/...`` ratio column and draws one panel per table:
+Reads every markdown table with a ``deploy/...`` ratio column above the "## History" heading
+and draws one panel per table:
 deploy's time divided by each peer's, per model (below 1 means deploy is faster).
 """
 from __future__ import annotations
@@ -13,10 +14,14 @@ from pathlib import Path
 
 def tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
     """(heading, header cells, rows) of every markdown table, under its nearest ## heading."""
-    out, heading, rows, header = [], "", [], None
+    out, section, heading, rows, header = [], "", "", [], None
     for line in text.splitlines() + [""]:
+        if line.startswith("## History"):
+            break  # earlier measurements: not plotted
         if line.startswith("## "):
-            heading = line[3:].strip()
+            section = heading = line[3:].strip()
+        elif line.startswith("### "):
+            heading = f"{section}: {line[4:].strip()}"
         if line.startswith("|"):
             cells = [c.strip() for c in line.strip("|").split("|")]
             if header is None:
