@@ -140,7 +140,7 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
         else:
             tuned = tune_kernels(plan.kernels, tune, target_features(tgt), tuple(tgt.cc_flags),
                                  _budget_seconds(budget), db, log=options.get("log", print),
-                                 constants=_constant_inputs(plan))
+                                 constants=_constant_inputs(plan), vector_bits=tgt.vector_bits)
         db.save()
         timings["tune_gain"] = round(tuned.gain(), 3)
         lap("tune")
@@ -435,8 +435,8 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
     for k, step in zip(plan.kernels, kernel_steps):
         h = k.structural_hash()
         tuned = db.lookup(h, feats) if db is not None else None
-        sched = default_schedule(k, tuned)
-        k, sched = _pack_weights(k, sched, step, plan, tuned)
+        sched = default_schedule(k, tuned, tgt.vector_bits)
+        k, sched = _pack_weights(k, sched, step, plan, tuned, tgt.vector_bits)
         src = renderer.kernel(k, sched)
         sources.append(src)
         info.append({"symbol": k.name, "note": k.note, "hash": h, "tuned": tuned is not None,
@@ -479,7 +479,7 @@ def _constant_inputs(plan: Plan) -> list[set[str]]:
             for k, step in zip(plan.kernels, steps)]
 
 
-def _pack_weights(k, sched, step: dict, plan: Plan, tuned):
+def _pack_weights(k, sched, step: dict, plan: Plan, tuned, vector_bits: int):
     """Constant GEMM weights re-laid out into panels (tensor_ir/pack.py); the packed arrays join
     the plan's constants and the step's inputs."""
     const_pos = {b.name: pos for pos, b in enumerate(k.inputs)
@@ -503,7 +503,7 @@ def _pack_weights(k, sched, step: dict, plan: Plan, tuned):
     keep = [pos for pos, b in enumerate(packed_k.inputs) if b.name in loaded]
     step["inputs"] = [step["inputs"][pos] for pos in keep]
     packed_k = dataclasses.replace(packed_k, inputs=[packed_k.inputs[pos] for pos in keep])
-    return packed_k, default_schedule(packed_k, tuned)
+    return packed_k, default_schedule(packed_k, tuned, vector_bits)
 
 
 def _drop_unused_constants(plan: Plan, graph: Graph) -> None:

@@ -149,12 +149,32 @@ def operand_ok(e: Expr) -> bool:
 
 MR, NR = 6, 64  # 6 rows x 4 AVX-512 vectors: 24 accumulator registers (measured best on ResNet-50)
 
-# The tuning space declared beside the rule, in levels: (mr, nr) register-tile shapes.
-GEMM_SPACE = {
-    "quick": [(6, 64), (4, 64), (4, 32), (8, 32), (6, 32), (8, 16)],
-    "full": [(mr, nr) for mr in (1, 2, 3, 4, 5, 6, 8, 12) for nr in (16, 32, 48, 64)
-             if mr * nr // 16 <= 24],
-}
+# Default register tile per SIMD width (the target's ``vector_bits``): about three quarters of
+# the vector registers hold accumulators. AVX-512 and NEON have 32 registers (of 16 and 4
+# floats), AVX2 has 16 of 8 floats; the generated code uses 16-float GCC vectors, which the
+# compiler splits into 2 (AVX2) or 4 (NEON) machine registers.
+TILES = {512: (MR, NR), 256: (6, 16), 128: (6, 16)}
+ACC_FLOATS = {512: 24 * 16, 256: 12 * 8, 128: 24 * 4}  # accumulator floats that fit registers
+
+
+def default_tile(vector_bits: int = 512) -> tuple[int, int]:
+    return TILES.get(vector_bits, TILES[128])
+
+
+def gemm_space(level: str, vector_bits: int = 512) -> list[tuple[int, int]]:
+    """The tuning space declared beside the rule, in levels: (mr, nr) register-tile shapes whose
+    accumulators fit the target's vector registers; ``quick`` is a short list around the
+    default, ``full`` every shape."""
+    budget = ACC_FLOATS.get(vector_bits, ACC_FLOATS[128])
+    full = [(mr, nr) for mr in (1, 2, 3, 4, 5, 6, 8, 12) for nr in (16, 32, 48, 64)
+            if mr * nr <= budget]
+    if level == "full":
+        return full
+    quick = [(6, 64), (4, 64), (4, 32), (8, 32), (6, 32), (8, 16), (6, 16), (4, 16), (3, 32)]
+    return [c for c in quick if c in full][:6]
+
+
+GEMM_SPACE = {level: gemm_space(level) for level in ("quick", "full")}  # AVX-512
 
 
 def rule_gemm_tile(stage: Stage, mr: int = MR, nr: int = NR) -> StageSchedule | None:
@@ -219,9 +239,12 @@ def rule_dot(stage: Stage) -> StageSchedule | None:
 RULES = [rule_scatter, rule_dot, rule_gemm_tile, rule_contraction]
 
 
-def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None) -> list[StageSchedule]:
-    """The rules' schedule per stage; ``overrides`` (stage index -> tuned parameters, from the
-    tuning database or a search) replace the rules' default parameters where they apply."""
+def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None,
+                     vector_bits: int = 512) -> list[StageSchedule]:
+    """The rules' schedule per stage for a target with ``vector_bits``-wide SIMD;
+    ``overrides`` (stage index -> tuned parameters, from the tuning database or a search)
+    replace the rules' default parameters where they apply."""
+    mr, nr = default_tile(vector_bits)
     out = []
     for k, stage in enumerate(kernel.stages):
         tuned = (overrides or {}).get(k)
@@ -231,7 +254,7 @@ def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None) -
                 out.append(sched)
                 continue
         for rule in RULES:
-            sched = rule(stage)
+            sched = rule_gemm_tile(stage, mr, nr) if rule is rule_gemm_tile else rule(stage)
             if sched is not None:
                 break
         else:

@@ -1,6 +1,7 @@
 """Constant GEMM weights packed into panels at compile time (tensor_ir/pack.py)."""
 import deploy
 import numpy as np
+import pytest
 from deploy.graph_ir.types import DType
 from deploy.tensor_ir.kernel import Buffer
 from deploy.tensor_ir.pack import Packing
@@ -31,3 +32,26 @@ def test_packed_matmul_matches_ort_with_ragged_columns():
     assert [-(-n // nr), 40, nr] in shapes  # the packed weight: ceil(70 / nr) panels of 40 x nr
     assert len(art.manifest["constants"]) == 1  # the unpacked original is not shipped
     check_against_ort(model, {"x": rng.standard_normal((12, 40)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("target,tile", [("x86_64-avx512", (6, 64)), ("x86_64-avx2", (6, 16))])
+def test_register_tile_follows_the_targets_vector_width(target, tile):
+    # AVX2 has 16 registers of 8 floats: a 6 x 64 tile would spill; 6 x 16 keeps 12 in registers
+    if target == "x86_64-avx2" and not _cpu_has("avx2"):
+        pytest.skip("this CPU cannot run AVX2 code")
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [24, 40])], [("y", np.float32, [24, 128])],
+                       {"W": rng.standard_normal((40, 128)).astype(np.float32)})
+    art = deploy.compile(model, target=target)
+    gemm = art.manifest["kernels"][0]["schedule"][0]["gemm_tile"]
+    assert (gemm["mr"], gemm["nr"]) == tile
+    check_against_ort(model, {"x": rng.standard_normal((24, 40)).astype(np.float32)},
+                      rtol=1e-4, atol=1e-4, target=target)
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        return flag in open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False

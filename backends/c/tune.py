@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ...tensor_ir.kernel import Kernel
 from ...tensor_ir.pack import pack_weights
-from ...tensor_ir.schedule import GEMM_SPACE, default_schedule, tunable_stages
+from ...tensor_ir.schedule import default_schedule, gemm_space, tunable_stages
 from ...tensor_ir.tuning_db import TuningDB, TuningRecord
 from .measure import time_kernels
 
@@ -29,10 +29,11 @@ class TuneReport:
         return self.baseline_seconds / self.tuned_seconds if self.tuned_seconds else 1.0
 
 
-def _candidates(level: str, rng: random.Random, best: list[tuple], n: int) -> list[tuple]:
+def _candidates(level: str, rng: random.Random, best: list[tuple], n: int,
+                vector_bits: int = 512) -> list[tuple]:
     if level == "quick":
-        return list(GEMM_SPACE["quick"])
-    space = GEMM_SPACE["full"]
+        return gemm_space("quick", vector_bits)
+    space = gemm_space("full", vector_bits)
     out = set(rng.sample(space, min(n, len(space))))
     for mr, nr in best[:3]:  # mutations of the best so far
         for cand in ((mr + 1, nr), (max(1, mr - 1), nr), (mr, nr + 16), (mr, max(16, nr - 16))):
@@ -49,22 +50,24 @@ def _effective(k: Kernel, stages: list[int], cand: tuple) -> tuple:
     return tuple((sched[s].gemm.mr, sched[s].gemm.nr) for s in stages)
 
 
-def _build(k: Kernel, params: dict | None, constants: set[str]):
+def _build(k: Kernel, params: dict | None, constants: set[str], bits: int = 512):
     """(kernel, schedule) as the compiler builds it: constant GEMM weights packed for the tile."""
-    sched = default_schedule(k, params)
+    sched = default_schedule(k, params, bits)
     pk, packings = pack_weights(k, sched, constants)
-    return (pk, default_schedule(pk, params)) if packings else (k, sched)
+    return (pk, default_schedule(pk, params, bits)) if packings else (k, sched)
 
 
 def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Random,
-                report: TuneReport, constants: set[str] = frozenset()) -> TuningRecord | None:
+                report: TuneReport, constants: set[str] = frozenset(),
+                bits: int = 512) -> TuningRecord | None:
+    """Search ``k``'s register tiles for a target with ``bits``-wide SIMD."""
     stages = tunable_stages(k)
     if not stages:
         return None
     # the default schedule is timed in the same library and batch as the first candidates (a
     # baseline timed alone is exposed to other noise), and its tiles are never candidates
     default = tuple((sc.gemm.mr, sc.gemm.nr) for sc in
-                    (default_schedule(k)[s] for s in stages))
+                    (default_schedule(k, None, bits)[s] for s in stages))
     base, best, best_t, tried = None, None, float("inf"), {default}
     ranking: list[tuple] = []
     rounds = 1 if level == "quick" else 4
@@ -74,7 +77,7 @@ def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Rando
             break
         # candidates the rule clamps to the same tiles (a small matrix) are measured once
         cands = []
-        for c in _candidates(level, rng, ranking, 6):
+        for c in _candidates(level, rng, ranking, 6, bits):
             eff = _effective(k, stages, c)
             if c not in tried and eff not in tried:
                 tried.update((c, eff))
@@ -82,9 +85,9 @@ def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Rando
         if not cands:
             break
         params = [{s: {"mr": mr, "nr": nr} for s in stages} for mr, nr in cands]
-        builds = [_build(k, p, constants) for p in params]
+        builds = [_build(k, p, constants, bits) for p in params]
         if base is None:
-            base, *times = time_kernels([_build(k, None, constants), *builds], flags)
+            base, *times = time_kernels([_build(k, None, constants, bits), *builds], flags)
             best_t = base * (1 - MIN_GAIN)  # a candidate must beat the default by MIN_GAIN
         else:
             times = time_kernels(builds, flags)
@@ -108,7 +111,8 @@ def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Rando
 
 
 def tune_kernels(kernels: list[Kernel], level: str, features: dict, flags, budget_s: float,
-                 db: TuningDB, log=print, constants: list[set[str]] | None = None) -> TuneReport:
+                 db: TuningDB, log=print, constants: list[set[str]] | None = None,
+                 vector_bits: int = 512) -> TuneReport:
     """Tune every distinct tunable kernel not already in ``db``; records go into ``db``.
     ``constants``: per kernel, its inputs that are weights (measured packed, as compiled)."""
     report = TuneReport()
@@ -126,7 +130,8 @@ def tune_kernels(kernels: list[Kernel], level: str, features: dict, flags, budge
             report.stopped_by_budget = True
             log(f"tune: budget spent after {n - 1}/{len(todo)} kernels")
             break
-        rec = tune_kernel(k, level, flags, deadline, rng, report, packed.get(id(k), set()))
+        rec = tune_kernel(k, level, flags, deadline, rng, report, packed.get(id(k), set()),
+                          vector_bits)
         if rec is not None:
             db.add(TuningRecord(rec.kernel_hash, features, rec.params, rec.seconds,
                                 rec.baseline_seconds))
