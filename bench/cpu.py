@@ -4,7 +4,8 @@
         [--threads 2] [--tune none|quick|full] [--no-torch]
 
 For each model: export it (bench.models), compile it with deploy for ``host`` (optionally tuned),
-check it against ONNX Runtime (rtol 1e-3, atol 1e-4), then time every engine on the same inputs:
+check it against ONNX Runtime (rtol 1e-3, atol 1e-4), then time every engine on the same inputs,
+in alternating blocks (so the shared machine's load falls on all alike):
 medians after warm-up, milliseconds, and the ratios deploy/ORT and deploy/torch.compile. ORT and
 torch use the same thread count as deploy's OpenMP. Prints one markdown row per model.
 """
@@ -19,14 +20,25 @@ import numpy as np
 
 
 def median_ms(fn, runs: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return interleaved_ms([fn], runs, warmup)[0]
+
+
+def interleaved_ms(fns, runs: int, warmup: int = 3, rounds: int = 4) -> list[float]:
+    """Median milliseconds of each of ``fns``, timed in alternating blocks (``rounds`` blocks
+    per engine, each of ``runs / rounds`` timed calls after ``warmup`` untimed ones), so a
+    neighbour's load on this shared machine falls on every engine alike, while one engine's
+    spinning worker threads never steal the cores from the next one's timed calls."""
+    per_block = max(1, -(-runs // rounds))
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, ts in zip(fns, times):
+            for _ in range(warmup):
+                fn()
+            for _ in range(per_block):
+                t0 = time.perf_counter()
+                fn()
+                ts.append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(ts) for ts in times]
 
 
 def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch_too: bool) -> str:
@@ -44,20 +56,19 @@ def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     ours, ref = mod.run(feed), sess.run(None, feed)
     ok = all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(ours, ref))
-    t_deploy = median_ms(lambda: mod.run(feed), runs)
-    t_ort = median_ms(lambda: sess.run(None, feed), runs)
-    cells = [name, str(batch), f"{compile_s:.1f}", f"{t_deploy:.2f}", f"{t_ort:.2f}"]
-    t_eager = t_tc = float("nan")
+    engines = [lambda: mod.run(feed), lambda: sess.run(None, feed)]
     if torch_too:
         import torch
         torch.set_num_threads(threads)
         module, specs, _ = build(name, batch=batch)
         args = [torch.from_numpy(feed[s.name]) for s in specs]
+        compiled = torch.compile(module)
         with torch.no_grad():
-            t_eager = median_ms(lambda: module(*args), runs)
-            compiled = torch.compile(module)
             compiled(*args)
-            t_tc = median_ms(lambda: compiled(*args), runs)
+        engines += [torch.no_grad()(lambda: module(*args)), torch.no_grad()(lambda: compiled(*args))]
+    times = interleaved_ms(engines, runs) + [float("nan")] * (4 - len(engines))
+    t_deploy, t_ort, t_eager, t_tc = times
+    cells = [name, str(batch), f"{compile_s:.1f}", f"{t_deploy:.2f}", f"{t_ort:.2f}"]
     cells += [f"{t_eager:.2f}", f"{t_tc:.2f}", f"{t_deploy / t_ort:.2f}",
               f"{t_deploy / t_tc:.2f}", "yes" if ok else "NO"]
     return "| " + " | ".join(cells) + " |"

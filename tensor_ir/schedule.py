@@ -100,9 +100,14 @@ def injective_store(stage: Stage) -> bool:
 
 def rule_contraction(stage: Stage) -> StageSchedule | None:
     # out = sum_r a*b with a float accumulator: reduce loop outside the inner spatial loops,
-    # so the innermost loop streams contiguous output and input rows (vectorizes)
-    red = single_sum(stage)
+    # so the innermost loop streams contiguous output and input rows (vectorizes). A max/min
+    # window (pooling) takes the same form only where its input is contiguous along the
+    # innermost output variable (channels-last): elsewhere those loops would gather.
+    red = single_reduce(stage)
     if red is None or not stage.extents:
+        return None
+    if red.op is not R.SUM and not any(
+            _unit_stride(x, stage.vars[-1]) for x in walk(red.body) if isinstance(x, Load)):
         return None
     inner, n = 0, 1
     for e in reversed(stage.extents):
@@ -117,11 +122,19 @@ def rule_contraction(stage: Stage) -> StageSchedule | None:
 
 def single_sum(stage: Stage) -> Reduce | None:
     """The stage's one float SUM reduction (its epilogue is the rest of the body), or None."""
+    red = single_reduce(stage)
+    return red if red is not None and red.op is R.SUM else None
+
+
+def single_reduce(stage: Stage) -> Reduce | None:
+    """The stage's one float SUM, MAX or MIN reduction (its epilogue is the rest of the
+    body), computed in the output's dtype, or None."""
     reds = {x for x in walk(stage.body) if isinstance(x, Reduce)}  # an epilogue may use it twice
     if len(reds) != 1:
         return None
     red = next(iter(reds))
-    ok = (red.op is R.SUM and red.dtype.is_float and red.dtype.c_type in ("float", "double")
+    ok = (red.op in (R.SUM, R.MAX, R.MIN) and red.dtype.is_float
+          and red.dtype.c_type in ("float", "double")
           and stage.body.dtype is red.dtype and stage.store_index is None)
     return red if ok else None
 

@@ -31,7 +31,13 @@ from ...tensor_ir.expr import (
 )
 from ...tensor_ir.kernel import Buffer, Kernel, Stage
 from ...tensor_ir.pack import tile_index
-from ...tensor_ir.schedule import PARALLEL_MIN_WORK, StageSchedule, single_sum, stage_work
+from ...tensor_ir.schedule import (
+    PARALLEL_MIN_WORK,
+    StageSchedule,
+    single_reduce,
+    single_sum,
+    stage_work,
+)
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 
@@ -143,8 +149,9 @@ class CRenderer:
 
     def _stage_reduce_outer(self, st: Stage, out: Buffer, sched: StageSchedule) -> list[str]:
         """out[o, i] = epi(sum_r body) ->
-        for o: { out[o, :] = 0; for r: for i: out[o, i] += body; for i: out[o, i] = epi(out[o, i]) }."""
-        red = single_sum(st)
+        for o: { out[o, :] = 0; for r: for i: out[o, i] += body; for i: out[o, i] = epi(out[o, i]) }
+        (max and min likewise, from their identities)."""
+        red = single_reduce(st)
         n_outer = sched.reduce_outer
         ovars, ivars = st.vars[:n_outer], st.vars[n_outer:]
         lines: list[str] = []
@@ -153,7 +160,7 @@ class CRenderer:
         ctype = compute_type(out.dtype)
         target = f"{_ident(out.name)}[{self.flat(out, st.vars)}]"
         d2 = self._open_loops(lines, ivars, out.shape[n_outer:], 0, ind)
-        lines.append("  " * (depth + d2 + 1) + f"{target} = ({ctype})0;")
+        lines.append("  " * (depth + d2 + 1) + f"{target} = ({ctype}){REDUCE_INIT[red.op]};")
         self._close_loops(lines, d2, depth)
         rvars = [v for v, _ in red.vars]
         d3 = self._open_loops(lines, rvars, [e for _, e in red.vars], 0, ind)
@@ -161,7 +168,8 @@ class CRenderer:
                               simd=True)
         ind2 = "  " * (depth + d3 + d4 + 1)
         term = self.expr(red.body, lines, ind2)
-        lines.append(f"{ind2}{target} += {term};")
+        combine = {R.SUM: "{a} + {v}", R.MAX: "DP_MAX({a}, {v})", R.MIN: "DP_MIN({a}, {v})"}
+        lines.append(f"{ind2}{target} = {combine[red.op].format(a=target, v=term)};")
         self._close_loops(lines, d3 + d4, depth)
         if st.body is not red:
             acc = Load(out.name, tuple(st.vars), out.dtype)

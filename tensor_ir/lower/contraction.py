@@ -15,7 +15,7 @@ from ...graph_ir.ops.nn import compute_dtype
 from ..expr import INDEX, B, Const, R, Reduce, binary, cast, const, select
 from ..kernel import Buffer, Stage, compute, reduce_vars, scatter
 from .elementwise import broadcast_index
-from .layout import lower_conv_nhwc
+from .layout import lower_conv_nhwc, view_as
 from .registry import LowerCtx, lowering
 
 
@@ -68,15 +68,7 @@ def _finish(acc: Buffer, out: Buffer, bias: Buffer | None = None, axis: int = 1)
     return stages
 
 
-def view(ctx: LowerCtx, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
-    """Reinterpret a kernel argument with another row-major shape (same element count): the
-    kernel then declares and indexes it with ``shape``."""
-    new = Buffer(buf.name, tuple(shape), buf.dtype)
-    for table in (ctx.ins, ctx.outs):
-        for k, b in enumerate(table):
-            if b is not None and b.name == buf.name:
-                table[k] = new
-    return new
+view = view_as
 
 
 def _all(conds):

@@ -34,27 +34,52 @@ def _pad_nhwc(ctx: LowerCtx, x: Buffer, pads) -> tuple[Buffer, list[Stage]]:
 
 
 def lower_conv_nhwc(ctx: LowerCtx) -> list[Stage]:
+    """Dense convolutions compute over the flattened output grid, ``out[n, p, m]`` with
+    ``p = y * OW + x``: the register tile's rows then run along all output positions (a 7 x 7
+    map is 49 rows, not 7 rows of 7), so each weight panel is read from memory once and reused
+    from cache for every row tile. Grouped and depthwise ones keep the 4-d domain."""
     x, w = ctx.ins[:2]
     bias = ctx.ins[2] if len(ctx.ins) > 2 else None
     out = ctx.out
     (sy, sx), (dy, dx), g = ctx.attr("strides"), ctx.attr("dilations"), ctx.attr("group")
     kh, kw, cg, m_total = w.shape
     mg = m_total // g
-    xp, stages = _pad_nhwc(ctx, x, ctx.attr("pads"))
+    pads = ctx.attr("pads")
     acc = compute_dtype(out.dtype)  # half types accumulate in float32
+    n_, oh, ow, _ = out.shape
+    xp, stages = _pad_nhwc(ctx, x, pads)
 
-    def body(n, y, xx, m):
+    def total(m, at):
         rv = reduce_vars((kh, kw, cg), "k")
         (ky, _), (kx, _), (c, _) = rv
         chan = c if g == 1 else (m // mg) * cg + c
-        prod = cast(xp[(n, y * sy + ky * dy, xx * sx + kx * dx, chan)], acc) * \
-            cast(w[(ky, kx, c, m)], acc)
-        total = Reduce(R.SUM, rv, prod, acc)
+        prod = cast(at(ky, kx, chan), acc) * cast(w[(ky, kx, c, m)], acc)
+        t = Reduce(R.SUM, rv, prod, acc)
         if bias is not None:
-            total = total + cast(bias[m], acc)
-        return cast(total, out.dtype)
+            t = t + cast(bias[m], acc)
+        return cast(t, out.dtype)
 
-    return stages + [compute(out, body)]
+    if g != 1:
+        return stages + [compute(out, lambda n, y, xx, m: total(
+            m, lambda ky, kx, ch: xp[(n, y * sy + ky * dy, xx * sx + kx * dx, ch)]))]
+    flat = view_as(ctx, out, (n_, oh * ow, m_total))
+
+    def at_flat(n, p):
+        y, xx = binary(B.FLOORDIV, p, ow), binary(B.MOD, p, ow)
+        return lambda ky, kx, ch: xp[(n, y * sy + ky * dy, xx * sx + kx * dx, ch)]
+
+    return stages + [compute(flat, lambda n, p, m: total(m, at_flat(n, p)))]
+
+
+def view_as(ctx: LowerCtx, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
+    """Reinterpret a kernel argument with another row-major shape (same element count): the
+    kernel then declares and indexes it with ``shape``."""
+    new = Buffer(buf.name, tuple(shape), buf.dtype)
+    for table in (ctx.ins, ctx.outs):
+        for k, b in enumerate(table):
+            if b is not None and b.name == buf.name:
+                table[k] = new
+    return new
 
 
 def lower_pool_nhwc(ctx: LowerCtx, nchw_lowering) -> list[Stage]:
