@@ -44,7 +44,8 @@ def pack_weights(kernel: Kernel, schedules: list[StageSchedule],
             continue
         j = stage.vars[g.j]
         b = g.b
-        if b.index[-1] != j or any(j in set(walk(i)) for i in b.index[:-1]):
+        if b.index[-1] != j or any(j in set(walk(i)) for i in b.index[:-1]) \
+                or j in set(walk(g.a)):  # depthwise: b is one short contiguous row per tap
             continue
         src = kernel.buffer(b.buf)
         nb = -(-src.shape[-1] // g.nr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .expr import B, Binary, Cast, Expr, Load, R, Reduce, Select, Var, affine_coeff, walk
+from .expr import B, Binary, Cast, Const, Expr, Load, R, Reduce, Select, Var, affine_coeff, walk
 from .kernel import Kernel, Stage
 
 PARALLEL_MIN_WORK = 1 << 18  # multiply-adds below which an OpenMP region costs more than it gives
@@ -203,7 +203,7 @@ def rule_gemm_tile(stage: Stage, mr: int = MR, nr: int = NR) -> StageSchedule | 
     only_x = [k for k, v in enumerate(stage.vars) if v in vx and v not in vy]
     only_y = [k for k, v in enumerate(stage.vars) if v in vy and v not in vx]
     if not only_x or not only_y:
-        return None
+        return _channel_tile(stage, x, y, mr, nr)
     # j: the innermost output var that only one operand reads (that operand is ``b``)
     if only_y[-1] > only_x[-1]:
         j, i, a, b = only_y[-1], only_x[-1], x, y
@@ -225,6 +225,36 @@ def rule_gemm_tile(stage: Stage, mr: int = MR, nr: int = NR) -> StageSchedule | 
     # the operand with more data stays in cache: b panels when there are more columns than rows
     cols_outer = stage.extents[j] > stage.extents[i]
     return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, mr, nr, a, b, cols_outer))
+
+
+def _channel_tile(stage: Stage, x: Expr, y: Expr, mr: int, nr: int) -> StageSchedule | None:
+    """Depthwise form, ``out[.., i, j] = sum_r a[.., i, j, r] * b[j, r]``: both operands
+    contiguous along the innermost output variable j (channels-last), ``b`` reading no other
+    output variable. The tile keeps mr x nr sums in registers and loads a vector of ``a`` per
+    row (instead of broadcasting one value), ``b`` once per reduction step for all rows."""
+    j = len(stage.vars) - 1
+    vj = stage.vars[j]
+    for a, b in ((x, y), (y, x)):
+        b_vars = _vars_in(b) & set(stage.vars)
+        # a zero-padded read, Select(inside, load, 0), is fine when the test is per row and tap
+        row = a.a if isinstance(a, Select) and vj not in _vars_in(a.cond) \
+            and isinstance(a.b, Const) and a.b.value == 0 else a
+        if b_vars != {vj} or not isinstance(row, Load) or row.dtype.c_type != "float":
+            continue
+        if not (_unit_stride(row, vj) and isinstance(b, Load) and _unit_stride(b, vj)):
+            continue
+        rows = [k for k in range(j) if stage.vars[k] in _vars_in(a) and stage.extents[k] > 1]
+        if not rows or stage.extents[j] < 16:
+            return None
+        i = rows[-1]
+        mr = min(mr, stage.extents[i])
+        nr = min(nr, -(-stage.extents[j] // 16) * 16)
+        outer = [k for k in range(len(stage.vars)) if k not in (i, j)]
+        parallel = 0
+        if stage_work(stage) >= PARALLEL_MIN_WORK:
+            parallel = _collapse(tuple(stage.extents[k] for k in outer), len(outer))
+        return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, mr, nr, a, b))
+    return None
 
 
 DOT_MIN = 32  # innermost reduction extent from which a stage runs as vectorized dot products

@@ -231,6 +231,10 @@ class CRenderer:
     def _gemm_tile(self, red, a, b, epi, out, st, tile, ctype, mr, nr, ind) -> list[str]:
         if ctype == "float" and nr % VL == 0:
             return self._gemm_tile_vec(red, a, b, epi, out, st, tile, mr, nr, ind)
+        if ctype == "float" and self._padded_panel(b, nr) and Var("jj_") not in set(walk(a)):
+            # a narrow last tile over a zero-padded weight panel: whole vectors, fewer stores
+            return self._gemm_tile_vec(red, a, b, epi, out, st, tile, mr, -(-nr // VL) * VL,
+                                       ind, store=nr)
         lines = [f"{ind}{ctype} acc_[{mr}][{nr}];",
                  (f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) for (int jj_ = 0; jj_ < {nr}; ++jj_) "
                   f"acc_[ii_][jj_] = 0;")]
@@ -254,9 +258,20 @@ class CRenderer:
         lines.append(f"{ind}}}")
         return lines
 
-    def _gemm_tile_vec(self, red, a, b, epi, out, st, tile, mr, nr, ind) -> list[str]:
+    def _padded_panel(self, b: Expr, nr: int) -> bool:
+        """Whether ``b`` reads a packed weight panel (``pack.py``: zero-padded to its width)
+        at column ``jj_`` and that width covers ``nr`` rounded up to whole vectors."""
+        return (isinstance(b, Load) and b.index[-1] == Var("jj_")
+                and self.buffers[b.buf].dtype is DType.float32
+                and self.buffers[b.buf].shape[-1] >= -(-nr // VL) * VL)
+
+    def _gemm_tile_vec(self, red, a, b, epi, out, st, tile, mr, nr, ind,
+                       store: int | None = None) -> list[str]:
         """The same tile with explicit vector accumulators (GCC vector extensions), so the
-        compiler keeps all mr x nr/VL of them in registers."""
+        compiler keeps all mr x nr/VL of them in registers. ``store``: how many of the nr
+        columns are real (the rest read a panel's zero padding and are dropped). An ``a``
+        operand that reads along the columns too (depthwise: one channel per column) loads a
+        vector per row instead of broadcasting one value."""
         nv = nr // VL
         lines = [f"{ind}dp_f32x16 " + ", ".join(f"c{i}_{v} = {{0}}" for i in range(mr)
                                                 for v in range(nv)) + ";"]
@@ -272,8 +287,16 @@ class CRenderer:
             base = "bv_"
         for v in range(nv):
             lines.append(f"{inner}const dp_f32x16 b{v} = dp_load16({base} + {v * VL});")
+        row_vectors = Var("jj_") in set(walk(a))
         for i in range(mr):
-            av = self.expr(substitute(a, {Var("ii_"): Const(i, DType.int64)}), lines, inner)
+            ai = substitute(a, {Var("ii_"): Const(i, DType.int64)})
+            if row_vectors:  # zero padding (a Select) skips the row's update
+                guard = f"if ({self.expr(ai.cond, lines, inner)}) " if isinstance(ai, Select) else ""
+                av = self._contiguous_base(ai.a if guard else ai, lines, inner)
+                lines.append(f"{inner}{guard}{{ const float* a_ = {av}; " + " ".join(
+                    f"c{i}_{v} += dp_load16(a_ + {v * VL}) * b{v};" for v in range(nv)) + " }")
+                continue
+            av = self.expr(ai, lines, inner)
             lines.append(f"{inner}{{ const float a_ = {av}; "
                          + " ".join(f"c{i}_{v} += a_ * b{v};" for v in range(nv)) + " }")
         self._close_loops(lines, depth, len(ind) // 2 - 1)
@@ -283,7 +306,8 @@ class CRenderer:
         tile_acc = Var("tile_[ii_][jj_]", red.dtype)
         epi = transform(epi, lambda e: tile_acc if isinstance(e, Var) and e.name == "acc_[ii_][jj_]"
                         else None)
-        lines.append(f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")
+        lines.append(f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) "
+                     f"for (int jj_ = 0; jj_ < {store or nr}; ++jj_) {{")
         target = f"{_ident(out.name)}[{self.flat(out, [tile.get(v, v) for v in st.vars])}]"
         lines.append(f"{ind}  {target} = {self._to_storage(out.dtype, self.expr(epi, lines, ind))};")
         lines.append(f"{ind}}}")

@@ -47,7 +47,6 @@ def lower_conv_nhwc(ctx: LowerCtx) -> list[Stage]:
     pads = ctx.attr("pads")
     acc = compute_dtype(out.dtype)  # half types accumulate in float32
     n_, oh, ow, _ = out.shape
-    xp, stages = _pad_nhwc(ctx, x, pads)
 
     def total(m, at):
         rv = reduce_vars((kh, kw, cg), "k")
@@ -59,6 +58,10 @@ def lower_conv_nhwc(ctx: LowerCtx) -> list[Stage]:
             t = t + cast(bias[m], acc)
         return cast(t, out.dtype)
 
+    if g == m_total == x.shape[3] and any(pads):
+        return [compute(out, lambda n, y, xx, m: total(m, _padded_read(
+            x, pads, lambda ky, kx: (n, y * sy + ky * dy, xx * sx + kx * dx, m))))]
+    xp, stages = _pad_nhwc(ctx, x, pads)
     if g != 1:
         return stages + [compute(out, lambda n, y, xx, m: total(
             m, lambda ky, kx, ch: xp[(n, y * sy + ky * dy, xx * sx + kx * dx, ch)]))]
@@ -69,6 +72,19 @@ def lower_conv_nhwc(ctx: LowerCtx) -> list[Stage]:
         return lambda ky, kx, ch: xp[(n, y * sy + ky * dy, xx * sx + kx * dx, ch)]
 
     return stages + [compute(flat, lambda n, p, m: total(m, at_flat(n, p)))]
+
+
+def _padded_read(x: Buffer, pads, index):
+    """Depthwise taps read the input in place, zero outside it: the test depends on the row
+    and tap only (not the channel), so no padded copy of a large activation is made."""
+    h, w = x.shape[1:3]
+
+    def at(ky, kx, ch):
+        n, y, xx, _ = index(ky, kx)
+        y, xx = y - pads[0], xx - pads[1]
+        inside = binary(B.AND, binary(B.AND, y >= 0, y < h), binary(B.AND, xx >= 0, xx < w))
+        return select(inside, x[(n, y, xx, ch)], const(0, x.dtype))
+    return at
 
 
 def view_as(ctx: LowerCtx, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
