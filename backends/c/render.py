@@ -25,6 +25,7 @@ from ...tensor_ir.expr import (
     Unary,
     Var,
     affine_coeff,
+    binary,
     substitute,
     transform,
     walk,
@@ -287,6 +288,7 @@ class CRenderer:
             base = "bv_"
         for v in range(nv):
             lines.append(f"{inner}const dp_f32x16 b{v} = dp_load16({base} + {v * VL});")
+        lines += self._prefetch_next_panel(b, mr, lines, inner)
         row_vectors = Var("jj_") in set(walk(a))
         for i in range(mr):
             ai = substitute(a, {Var("ii_"): Const(i, DType.int64)})
@@ -312,6 +314,26 @@ class CRenderer:
         lines.append(f"{ind}  {target} = {self._to_storage(out.dtype, self.expr(epi, lines, ind))};")
         lines.append(f"{ind}}}")
         return lines
+
+    def _prefetch_next_panel(self, b, mr, lines, ind) -> list[str]:
+        """One cache line of the next column panel per reduction step, a different line of
+        its columns in each successive row tile: by the time the row tiles of this panel are
+        done, the next one is on its way from memory (cold weights otherwise stall the first
+        row tile of every panel)."""
+        if not self._on_panel(b):
+            return []
+        shape = self.buffers[b.buf].shape
+        width, jt = shape[-1], Var("jt_")
+        nxt = substitute(b, {jt: binary(B.MOD, jt + Const(width, DType.int64),
+                                        Const(shape[0] * width, DType.int64))})
+        base = self._contiguous_base(nxt, lines, ind)
+        n_lines = max(1, width // VL)
+        return [f"{ind}__builtin_prefetch({base} + ((it_ / {mr}) % {n_lines}) * {VL}, 0, 2);"]
+
+    def _on_panel(self, b) -> bool:
+        """Whether ``b`` reads a packed panel (``pack.py``): first index jt_ / nr."""
+        return (isinstance(b, Load) and len(b.index) > 1 and isinstance(b.index[0], Binary)
+                and b.index[0].op is B.FLOORDIV and b.index[0].a == Var("jt_"))
 
     def _contiguous_base(self, b: Expr, lines, ind) -> str | None:
         """``&buf[...]`` of the tile's first b element when b reads a float buffer contiguously
