@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, config
+from .backends.c.attention import supported as c_attention_supported
 from .backends.c.render import CRenderer
 from .backends.c.toolchain import build_shared_library
 from .backends.c.tune import tune_kernels
@@ -35,6 +36,7 @@ from .graph_ir.passes import precision, run_pipeline
 from .graph_ir.printer import print_graph
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
+from .tensor_ir.attention import AttentionStage, fuse_attention
 from .tensor_ir.constants import inline_scalars
 from .tensor_ir.epilogue import fuse_epilogues
 from .tensor_ir.expr import Load, walk
@@ -432,9 +434,11 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
     sources, info = [], []
     feats = target_features(tgt)
     kernel_steps = [s for s in plan.steps if s["kind"] == "kernel"]
+    constants = _kernel_constants(plan)
     for k, step in zip(plan.kernels, kernel_steps):
         h = k.structural_hash()
         tuned = db.lookup(h, feats) if db is not None else None
+        k, tuned = _fuse_attention(k, tuned, constants.get(k.name))
         sched = default_schedule(k, tuned, tgt.vector_bits)
         k, sched = _pack_weights(k, sched, step, plan, tuned, tgt.vector_bits)
         src = renderer.kernel(k, sched)
@@ -452,6 +456,17 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
     with tempfile.TemporaryDirectory(prefix="deploy-build-") as tmp:
         lib = build_shared_library(chunks, Path(tmp) / "model.so", tuple(tgt.cc_flags), jobs)
         return {"lib/model.so": lib.read_bytes()}, info
+
+
+def _fuse_attention(k, tuned, constants):
+    """The kernel with its attention runs as one templated stage (backends/c/attention.py),
+    where the template takes them (fp32); tuning records index the unfused stages, so an
+    attention kernel drops them."""
+    fused = fuse_attention(k, constants)
+    stages = [s for s in fused.stages if isinstance(s, AttentionStage)]
+    if not stages or not all(c_attention_supported(s) for s in stages):
+        return k, tuned
+    return fused, None
 
 
 ENTRY = "deploy_run"

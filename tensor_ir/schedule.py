@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .attention import AttentionStage
 from .expr import B, Binary, Cast, Const, Expr, Load, R, Reduce, Select, Var, affine_coeff, walk
 from .kernel import Kernel, Stage
 
@@ -29,9 +30,12 @@ class StageSchedule:
     parallel: int = 0  # outer loops collapsed into one OpenMP parallel loop (0: serial)
     reduce_outer: int | None = None  # contraction: outer spatial loops, then reduce, then inner
     gemm: GemmTile | None = None  # contraction: register tile (takes precedence)
+    template: str | None = None  # a backend template renders the stage ("attention")
 
     def describe(self) -> dict:
         """JSON-friendly summary (for the manifest and ``deploy inspect``)."""
+        if self.template is not None:
+            return {"template": self.template}
         out = {"parallel": self.parallel}
         if self.reduce_outer is not None:
             out["reduce_outer"] = self.reduce_outer
@@ -290,6 +294,9 @@ def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None,
     mr, nr = default_tile(vector_bits)
     out = []
     for k, stage in enumerate(kernel.stages):
+        if isinstance(stage, AttentionStage):  # a template of its own (backends render it)
+            out.append(StageSchedule(template="attention"))
+            continue
         tuned = (overrides or {}).get(k)
         if tuned and "mr" in tuned:
             sched = rule_gemm_tile(stage, tuned["mr"], tuned["nr"])

@@ -50,3 +50,15 @@ static inline void* dp_scratch(size_t n) {
   }
   return dp_scratch_buf;
 }
+/* A second per-thread buffer for work inside a parallel region (the calling thread's first one
+   may hold the kernel's temporaries there). */
+static __thread char* dp_local_buf;
+static __thread size_t dp_local_cap;
+static inline void* dp_local(size_t n) {
+  if (n > dp_local_cap) {
+    free(dp_local_buf);
+    dp_local_buf = (char*)aligned_alloc(64, (n + 63) / 64 * 64);
+    dp_local_cap = dp_local_buf ? n : 0;
+  }
+  return dp_local_buf;
+}

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from ...graph_ir.types import DType
+from ...tensor_ir.attention import AttentionStage
 from ...tensor_ir.expr import (
     B,
     Binary,
@@ -39,6 +40,7 @@ from ...tensor_ir.schedule import (
     single_sum,
     stage_work,
 )
+from .attention import render_attention
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 
@@ -135,6 +137,8 @@ class CRenderer:
         return "\n".join(line for line in lines if line) + "\n"
 
     def stage(self, st: Stage, sched: StageSchedule) -> list[str]:
+        if isinstance(st, AttentionStage):
+            return render_attention(self, st, _ident(st.out))
         out = self.buffers[st.out]
         if sched.gemm is not None:
             return self._stage_gemm(st, out, sched)

@@ -1,0 +1,220 @@
+"""The C template for a fused attention (``tensor_ir/attention.py`` recognises it).
+
+One pass per (batch x head) row ``o``, the rows shared among threads:
+
+    kt[d][j] = k(o, j, d)        v[j][c] = v(o, j, c)       (packed once per o, zero-padded
+                                                             to whole vectors)
+    for each block of query rows i:
+        s[i][j] = f(sum_d q(o, i, d) * kt[d][j])             (logits: scale, masks)
+        p[i][j] = exp(s[i][j] - max_j s[i]),  l[i] = sum_j p[i][j]
+        out[index(o, i, c)] = value(sum_j p[i][j] * v[j][c] / l[i])
+
+so the score matrix is a few rows in cache, never a tensor in memory, and both products are
+register tiles (a block of query rows x vectors of keys, then x vectors of value channels) in
+which every k or v vector loaded feeds one FMA per row. With a causal spec the keys past
+``i + offset`` are skipped (their probabilities are exactly 0).
+"""
+from __future__ import annotations
+
+from ...graph_ir.types import DType
+from ...tensor_ir.attention import (
+    ACC,
+    KD,
+    KJ,
+    LI,
+    LJ,
+    OC,
+    OI,
+    QD,
+    QI,
+    QK,
+    VC,
+    VJ,
+    AttentionStage,
+)
+from ...tensor_ir.expr import Var, substitute
+
+VL = 16  # floats per vector (dp_f32x16)
+PARALLEL_MIN = 1 << 16  # multiply-adds of q k^T below which the rows run serially
+
+
+def _up(n: int) -> int:
+    return -(-n // VL) * VL
+
+
+def supported(st: AttentionStage) -> bool:
+    """fp32 operands only (half-precision models keep the generic stages on CPUs)."""
+    sp = st.spec
+    return sp.half is None and all(e.dtype is DType.float32 for e in (sp.q, sp.k, sp.v))
+
+
+def render_attention(r, st: AttentionStage, out_ident: str) -> list[str]:
+    """C lines for ``st`` (``r``: the CRenderer, whose ``expr`` renders the spec's pieces;
+    ``out_ident``: the C name of the output buffer)."""
+    sp = st.spec
+    n_outer = 1
+    for _, e in sp.outer:
+        n_outer *= e
+    skp, dvp = _up(sp.sk), _up(sp.dv)
+    rb = _rows_per_block(dvp)
+    lines: list[str] = ["  {"]
+    if n_outer > 1 and n_outer * sp.sq * sp.sk * sp.dk >= PARALLEL_MIN:
+        lines.append("  #pragma omp parallel for schedule(static)")
+    lines.append(f"  for (int64_t o_ = 0; o_ < {n_outer}; ++o_) {{")
+    ind = "    "
+    rest = "o_"
+    for k, (var, e) in enumerate(reversed(sp.outer)):
+        last = k == len(sp.outer) - 1
+        lines.append(f"{ind}const int64_t {var.name} = {rest if last else f'{rest} % {e}'};")
+        if not last:
+            lines.append(f"{ind}const int64_t o{k}_ = {rest} / {e};")
+            rest = f"o{k}_"
+    words = sp.dk * skp + sp.sk * dvp + rb * skp
+    lines.append(f"{ind}float* kt_ = (float*)dp_local({words * 4});")
+    lines.append(f"{ind}float* vp_ = kt_ + {sp.dk * skp}; float* s_ = vp_ + {sp.sk * dvp};")
+    lines += _pack(r, sp.k, "kt_", (KD, sp.dk), (KJ, sp.sk), skp, True, ind)
+    lines += _pack(r, sp.v, "vp_", (VJ, sp.sk), (VC, sp.dv), dvp, False, ind)
+    lines.append(f"{ind}for (int64_t i0_ = 0; i0_ < {sp.sq}; i0_ += {rb}) {{")
+    lines += _rows(r, st, skp, dvp, rb, out_ident, ind + "  ")
+    lines += [f"{ind}}}", "  }", "  }"]
+    return lines
+
+
+def _pack(r, e, dst: str, rows, cols, pitch: int, transposed: bool, ind: str) -> list[str]:
+    """dst[row][col] = e(row, col), zero in the padding columns up to ``pitch``; the loops run
+    along the source's contiguous axis (``transposed``: the rows, as k's head dimension)."""
+    (rv, rn), (cv, cn) = rows, cols
+    lines = [f"{ind}memset({dst}, 0, {rn * pitch * 4});"] if pitch > cn else []
+    (ov, on), (iv, i_n) = ((cv, cn), (rv, rn)) if transposed else ((rv, rn), (cv, cn))
+    body: list[str] = []
+    value = r.expr(e, body, ind + "    ")
+    if body:
+        raise NotImplementedError("attention operand needs statements")
+    return lines + [f"{ind}for (int64_t {ov.name} = 0; {ov.name} < {on}; ++{ov.name})",
+                    f"{ind}  for (int64_t {iv.name} = 0; {iv.name} < {i_n}; ++{iv.name})",
+                    f"{ind}    {dst}[{rv.name} * {pitch} + {cv.name}] = {value};"]
+
+
+def _rows_per_block(dvp: int) -> int:
+    """Query rows computed together: their accumulators (rows x value vectors) fill at most
+    16 vector registers."""
+    return max(1, min(4, 16 // (dvp // VL)))
+
+
+def _row_of(k: int, sq: int) -> str:
+    """Row k of the block; rows past the end repeat the last one (results dropped)."""
+    return f"(i0_ + {k} < {sq} ? i0_ + {k} : {sq - 1})"
+
+
+def _rows(r, st: AttentionStage, skp: int, dvp: int, rb: int, out_ident: str,
+          ind: str) -> list[str]:
+    """``rb`` query rows from i0_: scores, softmax, p @ v, store."""
+    sp = st.spec
+    lines = [f"{ind}int64_t hi_[{rb}]; int64_t hmax_ = 0;"]
+    for k in range(rb):
+        hi = str(sp.sk)
+        if sp.causal_offset is not None:
+            end = f"{_row_of(k, sp.sq)} + {sp.causal_offset + 1}"
+            hi = f"({end} < {sp.sk} ? {end} : {sp.sk})"
+        lines.append(f"{ind}hi_[{k}] = {hi}; hmax_ = hi_[{k}] > hmax_ ? hi_[{k}] : hmax_;")
+    return (lines + _scores(r, sp, skp, rb, ind) + _softmax(r, sp, skp, rb, ind)
+            + _pv(skp, dvp, rb, ind) + _store(r, st, rb, out_ident, ind))
+
+
+def _scores(r, sp, skp: int, rb: int, ind: str) -> list[str]:
+    """s[k][j] = sum_d q(i0+k, d) kt[d][j]: chunks of key vectors, rb rows at once."""
+    chunk = max(1, 16 // rb)
+    qs = []
+    for k in range(rb):
+        pre: list[str] = []
+        qs.append(r.expr(substitute(sp.q, {QI: Var(f"qi{k}_")}), pre, ind))
+        if pre:
+            raise NotImplementedError("attention query needs statements")
+    rows = ", ".join(f"qi{k}_ = {_row_of(k, sp.sq)}" for k in range(rb))
+    lines = [f"{ind}const int64_t {rows};"]
+    nvec = skp // VL
+    full = nvec // chunk * chunk
+    if full:
+        lines += _score_chunk(qs, sp.dk, skp, chunk, f"for (int64_t jc_ = 0; jc_ < {full * VL} "
+                              f"&& jc_ < hmax_; jc_ += {chunk * VL})", ind)
+    if nvec > full:
+        lines += _score_chunk(qs, sp.dk, skp, nvec - full,
+                              f"if ({full * VL} < hmax_) {{ const int64_t jc_ = {full * VL};", ind)
+    return lines
+
+
+def _score_chunk(qs: list[str], dk: int, skp: int, n: int, head: str, ind: str) -> list[str]:
+    accs = ", ".join(f"a{k}_{v} = {{0}}" for k in range(len(qs)) for v in range(n))
+    lines = [f"{ind}{head} {{",
+             f"{ind}  dp_f32x16 {accs}; const float* kp_ = kt_ + jc_;",
+             f"{ind}  for (int64_t {QD.name} = 0; {QD.name} < {dk}; ++{QD.name}) {{",
+             f"{ind}    const float* kr_ = kp_ + {QD.name} * {skp};",
+             *(f"{ind}    const dp_f32x16 k{v}_ = dp_load16(kr_ + {v * VL});" for v in range(n))]
+    for k, q in enumerate(qs):
+        lines.append(f"{ind}    {{ const float q_ = {q}; "
+                     + " ".join(f"a{k}_{v} += q_ * k{v}_;" for v in range(n)) + " }")
+    lines.append(f"{ind}  }}")
+    lines += [f"{ind}  dp_store16(s_ + {k * skp} + jc_ + {v * VL}, a{k}_{v});"
+              for k in range(len(qs)) for v in range(n)]
+    lines.append(f"{ind}}}" + ("}" if head.startswith("if") else ""))
+    return lines
+
+
+def _softmax(r, sp, skp: int, rb: int, ind: str) -> list[str]:
+    """Per row: logits f, their max, exp and sum; p zero past the row's last key up to the
+    block's, so p @ v runs the same keys for every row."""
+    logit_lines: list[str] = []
+    f = r.expr(sp.logits, logit_lines, ind + "    ")
+    exp_loop = (f"{ind}  for (int64_t j_ = 0; j_ < h_; ++j_) "
+                f"{{ const float e_ = expf(sr_[j_] - m_); sr_[j_] = e_; l_ += e_; }}")
+    return [f"{ind}float inv_[{rb}];",
+            f"{ind}for (int k_ = 0; k_ < {rb}; ++k_) {{",
+            f"{ind}  float* sr_ = s_ + k_ * {skp}; const int64_t h_ = hi_[k_];",
+            f"{ind}  const int64_t {LI.name} = i0_ + k_ < {sp.sq} ? i0_ + k_ : {sp.sq - 1};",
+            f"{ind}  float m_ = -INFINITY;",
+            f"{ind}  #pragma omp simd reduction(max:m_)",
+            f"{ind}  for (int64_t {LJ.name} = 0; {LJ.name} < h_; ++{LJ.name}) {{",
+            f"{ind}    const float {QK.name} = sr_[{LJ.name}];",
+            *logit_lines,
+            f"{ind}    const float f_ = {f}; sr_[{LJ.name}] = f_; m_ = m_ > f_ ? m_ : f_;",
+            f"{ind}  }}",
+            f"{ind}  float l_ = 0;",
+            f"{ind}  #pragma omp simd reduction(+:l_)",
+            exp_loop,
+            f"{ind}  for (int64_t j_ = h_; j_ < hmax_; ++j_) sr_[j_] = 0.0f;",
+            f"{ind}  inv_[k_] = 1.0f / l_;",
+            f"{ind}}}"]
+
+
+def _pv(skp: int, dvp: int, rb: int, ind: str) -> list[str]:
+    """o[k][c] = sum_j p[k][j] v[j][c]: rb rows x all value vectors in registers."""
+    nv = dvp // VL
+    accs = ", ".join(f"c{k}_{v} = {{0}}" for k in range(rb) for v in range(nv))
+    lines = [f"{ind}dp_f32x16 {accs};",
+             f"{ind}for (int64_t j_ = 0; j_ < hmax_; ++j_) {{",
+             f"{ind}  const float* vr_ = vp_ + j_ * {dvp};",
+             *(f"{ind}  const dp_f32x16 v{v}_ = dp_load16(vr_ + {v * VL});" for v in range(nv))]
+    for k in range(rb):
+        lines.append(f"{ind}  {{ const float p_ = s_[{k * skp} + j_]; "
+                     + " ".join(f"c{k}_{v} += p_ * v{v}_;" for v in range(nv)) + " }")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}float o_row_[{rb}][{dvp}];")
+    lines += [f"{ind}dp_store16(o_row_[{k}] + {v * VL}, c{k}_{v} * inv_[{k}]);"
+              for k in range(rb) for v in range(nv)]
+    return lines
+
+
+def _store(r, st: AttentionStage, rb: int, out_ident: str, ind: str) -> list[str]:
+    sp = st.spec
+    out = r.buffers[st.out]
+    store: list[str] = []
+    value = r.expr(sp.value, store, ind + "    ")
+    target = r.flat(out, sp.out_index)
+    return [f"{ind}for (int k_ = 0; k_ < {rb} && i0_ + k_ < {sp.sq}; ++k_) {{",
+            f"{ind}  const int64_t {OI.name} = i0_ + k_;",
+            f"{ind}  for (int64_t {OC.name} = 0; {OC.name} < {sp.dv}; ++{OC.name}) {{",
+            f"{ind}    const float {ACC.name} = o_row_[k_][{OC.name}];",
+            *store,
+            f"{ind}    {out_ident}[{target}] = {r._to_storage(out.dtype, value)};",
+            f"{ind}  }}",
+            f"{ind}}}"]
