@@ -27,11 +27,13 @@ def interleaved_ms(fns, runs: int, warmup: int = 3, rounds: int = 4) -> list[flo
     """Median milliseconds of each of ``fns``, timed in alternating blocks (``rounds`` blocks
     per engine, each of ``runs / rounds`` timed calls after ``warmup`` untimed ones), so a
     neighbour's load on this shared machine falls on every engine alike, while one engine's
-    spinning worker threads never steal the cores from the next one's timed calls."""
+    spinning worker threads (ONNX Runtime's spin after each run) never steal the cores from
+    the next one's timed calls: a pause and untimed calls open every block."""
     per_block = max(1, -(-runs // rounds))
     times = [[] for _ in fns]
     for _ in range(rounds):
         for fn, ts in zip(fns, times):
+            time.sleep(0.2)  # the previous engine's spin-waiting worker threads go to sleep
             for _ in range(warmup):
                 fn()
             for _ in range(per_block):
