@@ -5,10 +5,10 @@ multiple of the vector width, a value head dim wider than the query's, padding m
 masks with an offset, the BSHD layout folded into the loads and stores)."""
 from __future__ import annotations
 
+import deploy
 import numpy as np
 import pytest
 
-import deploy
 from tests.attention_graphs import NEG, attention_model, qkv
 from tests.util import run_ort
 
