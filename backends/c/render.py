@@ -251,9 +251,16 @@ class CRenderer:
         lines.append(f"{inner}  bv_[jj_] = {self.expr(b, lines, inner + '  ')};")
         lines.append(f"{inner}}}")
         lines.append(f"{inner}for (int ii_ = 0; ii_ < {mr}; ++ii_) {{")
-        av = self.expr(a, lines, inner + "  ")
-        lines.append(f"{inner}  const {ctype} av_ = {av};")
-        lines.append(f"{inner}  for (int jj_ = 0; jj_ < {nr}; ++jj_) acc_[ii_][jj_] += av_ * bv_[jj_];")
+        if Var("jj_") in set(walk(a)):  # depthwise: a value per row and column
+            lines.append(f"{inner}  for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")
+            av = self.expr(a, lines, inner + "    ")
+            lines.append(f"{inner}    acc_[ii_][jj_] += ({av}) * bv_[jj_];")
+            lines.append(f"{inner}  }}")
+        else:
+            av = self.expr(a, lines, inner + "  ")
+            lines.append(f"{inner}  const {ctype} av_ = {av};")
+            lines.append(f"{inner}  for (int jj_ = 0; jj_ < {nr}; ++jj_) "
+                         f"acc_[ii_][jj_] += av_ * bv_[jj_];")
         lines.append(f"{inner}}}")
         self._close_loops(lines, depth, len(ind) // 2 - 1)
         lines.append(f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")

@@ -1,0 +1,82 @@
+"""CPU schedule rules on channels-last graphs (tensor_ir/schedule.py, backends/c/render.py):
+each case checks the schedule the rule chose (from the artifact's manifest) and the numbers
+against ONNX Runtime on fresh random inputs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import deploy
+from deploy.tensor_ir.schedule import fitted_tile
+from tests.util import check_against_ort, make_model
+
+RNG = np.random.default_rng(5)
+
+
+def _w(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _schedules(model) -> list[list[dict]]:
+    return [k["schedule"] for k in deploy.compile(model).manifest["kernels"]]
+
+
+def _check(model, shape):
+    check_against_ort(model, {"x": _w(*shape)}, rtol=1e-4, atol=1e-4)
+
+
+def test_dense_conv_tiles_the_flattened_output_grid():
+    # a 7 x 7 map: the tile rows run over all 49 positions (a 3-d domain n, p, m), so the
+    # weight panels are read once, not once per output row
+    nodes = [helper.make_node("Conv", ["x", "W", "b"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)]
+    model = make_model(nodes, [("x", np.float32, [1, 32, 7, 7])], [("y", np.float32, [1, 64, 7, 7])],
+                       {"W": _w(64, 32, 3, 3), "b": _w(64)})
+    tiles = [s["gemm_tile"] for k in _schedules(model) for s in k if "gemm_tile" in s]
+    assert tiles and tiles[0]["i"] == 1 and tiles[0]["j"] == 2
+    _check(model, (1, 32, 7, 7))
+
+
+@pytest.mark.parametrize("c,stride", [(64, 1), (32, 2), (40, 1), (24, 2)])
+def test_depthwise_conv_is_a_channel_tile(c, stride):
+    # fed by another kernel (an NHWC intermediate): a vector of input per tile row, taps read
+    # in place with a per-row padding test; 40 and 24 channels leave a narrow last tile
+    nodes = [helper.make_node("Conv", ["x", "P"], ["h"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Conv", ["r", "W", "b"], ["y"], kernel_shape=[3, 3],
+                              strides=[stride] * 2, pads=[1] * 4, group=c)]
+    out = (14 + 2 - 3) // stride + 1
+    model = make_model(nodes, [("x", np.float32, [1, c, 14, 14])],
+                       [("y", np.float32, [1, c, out, out])],
+                       {"P": _w(c, c, 1, 1), "W": _w(c, 1, 3, 3), "b": _w(c)})
+    depthwise = [k for k in _schedules(model) if any(
+        "gemm_tile" in s and s["gemm_tile"]["i"] == 2 for s in k)]
+    assert len(depthwise) == 1
+    _check(model, (1, c, 14, 14))
+
+
+def test_channels_last_max_pool_reduces_outside_the_channel_loop():
+    nodes = [helper.make_node("Conv", ["x", "P"], ["h"], kernel_shape=[1, 1]),
+             helper.make_node("MaxPool", ["h"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1] * 4)]
+    model = make_model(nodes, [("x", np.float32, [1, 64, 16, 16])],
+                       [("y", np.float32, [1, 64, 8, 8])], {"P": _w(64, 64, 1, 1)})
+    pools = [s for k in _schedules(model) for s in k if "reduce_outer" in s]
+    assert pools
+    _check(model, (1, 64, 16, 16))
+
+
+def test_layer_norm_statistics_are_dot_products_not_strided_loops():
+    node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)
+    model = make_model([node], [("x", np.float32, [128, 768])], [("y", np.float32, [128, 768])],
+                       {"g": _w(768), "b": _w(768)})
+    stages = [s for k in _schedules(model) for s in k]
+    assert not any("reduce_outer" in s for s in stages)
+    assert any(s.get("parallel") for s in stages)
+    _check(model, (128, 768))
+
+
+def test_fitted_tile_wastes_least_padding():
+    assert fitted_tile(49, 3072) == (7, 48)  # 7 full row tiles instead of 8 and one of 1 row
+    assert fitted_tile(128, 768) == (8, 48)  # 16 full row tiles, 16 full column tiles
+    assert fitted_tile(3136, 64) == (6, 64)  # large problems keep the default
