@@ -3,12 +3,12 @@ each case checks the schedule the rule chose (from the artifact's manifest) and 
 against ONNX Runtime on fresh random inputs."""
 from __future__ import annotations
 
+import deploy
 import numpy as np
 import pytest
+from deploy.tensor_ir.schedule import fitted_tile
 from onnx import helper
 
-import deploy
-from deploy.tensor_ir.schedule import fitted_tile
 from tests.util import check_against_ort, make_model
 
 RNG = np.random.default_rng(5)
