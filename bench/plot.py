@@ -14,14 +14,16 @@ from pathlib import Path
 
 def tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
     """(heading, header cells, rows) of every markdown table, under its nearest ## heading."""
-    out, section, heading, rows, header = [], "", "", [], None
+    out, section, sub, heading, rows, header = [], "", "", "", [], None
     for line in text.splitlines() + [""]:
         if line.startswith("## History"):
             break  # earlier measurements: not plotted
         if line.startswith("## "):
-            section = heading = line[3:].strip()
+            section = sub = heading = line[3:].strip()
         elif line.startswith("### "):
-            heading = f"{section}: {line[4:].strip()}"
+            sub = heading = f"{section}: {line[4:].strip()}"
+        elif line.startswith("#### "):
+            heading = f"{sub.split(': ')[-1]}: {line[5:].strip()}"
         if line.startswith("|"):
             cells = [c.strip() for c in line.strip("|").split("|")]
             if header is None:
@@ -40,8 +42,12 @@ def main(src: str, dst: str) -> int:
     import matplotlib.pyplot as plt
     panels = [(h, hdr, rows) for h, hdr, rows in tables(Path(src).read_text())
               if any(c.startswith("deploy/") for c in hdr)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
-    for ax, (heading, header, rows) in zip(axes[0], panels):
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6 * ncols, 4.5 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (heading, header, rows) in zip(axes.flat, panels):
         ratios = [k for k, c in enumerate(header) if c.startswith("deploy/")]
         width = 0.8 / len(ratios)
         for n, k in enumerate(ratios):
@@ -50,7 +56,7 @@ def main(src: str, dst: str) -> int:
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([i + width * (len(ratios) - 1) / 2 for i in range(len(rows))])
         ax.set_xticklabels([r[0] for r in rows], rotation=20, ha="right")
-        ax.set_title(heading)
+        ax.set_title(heading, fontsize=9)
         ax.set_ylabel("time ratio (below 1: deploy faster)")
         ax.legend()
     fig.tight_layout()
