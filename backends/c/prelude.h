@@ -39,26 +39,19 @@ static inline dp_f32x16 dp_load16(const float* p) { dp_f32x16 v; memcpy(&v, p, 6
 static inline void dp_store16(float* p, dp_f32x16 v) { memcpy(p, &v, 64); }
 /* Kernel temporaries live in one buffer per calling thread, grown to the largest kernel's need
    and kept between calls: no allocation (or page faults) per run, and concurrent runs from other
-   threads use their own. */
+   threads use their own. dp_local is a second such buffer for work inside a parallel region
+   (the calling thread's first one may hold the kernel's temporaries there). */
+static inline void* dp_grow(char** buf, size_t* cap, size_t n) {
+  if (n > *cap) {
+    free(*buf);
+    *buf = (char*)aligned_alloc(64, (n + 63) / 64 * 64);
+    *cap = *buf ? n : 0;
+  }
+  return *buf;
+}
 static __thread char* dp_scratch_buf;
 static __thread size_t dp_scratch_cap;
-static inline void* dp_scratch(size_t n) {
-  if (n > dp_scratch_cap) {
-    free(dp_scratch_buf);
-    dp_scratch_buf = (char*)aligned_alloc(64, (n + 63) / 64 * 64);
-    dp_scratch_cap = dp_scratch_buf ? n : 0;
-  }
-  return dp_scratch_buf;
-}
-/* A second per-thread buffer for work inside a parallel region (the calling thread's first one
-   may hold the kernel's temporaries there). */
+static inline void* dp_scratch(size_t n) { return dp_grow(&dp_scratch_buf, &dp_scratch_cap, n); }
 static __thread char* dp_local_buf;
 static __thread size_t dp_local_cap;
-static inline void* dp_local(size_t n) {
-  if (n > dp_local_cap) {
-    free(dp_local_buf);
-    dp_local_buf = (char*)aligned_alloc(64, (n + 63) / 64 * 64);
-    dp_local_cap = dp_local_buf ? n : 0;
-  }
-  return dp_local_buf;
-}
+static inline void* dp_local(size_t n) { return dp_grow(&dp_local_buf, &dp_local_cap, n); }
