@@ -80,3 +80,14 @@ def test_fitted_tile_wastes_least_padding():
     assert fitted_tile(49, 3072) == (7, 48)  # 7 full row tiles instead of 8 and one of 1 row
     assert fitted_tile(128, 768) == (8, 48)  # 16 full row tiles, 16 full column tiles
     assert fitted_tile(3136, 64) == (6, 64)  # large problems keep the default
+
+
+def test_large_gemm_with_rows_outside_runs_in_row_blocks():
+    # 400 x 1024 @ 1024 x 320 (1.3 MB of weights, more rows than columns): blocks of rows, each
+    # weight panel streamed once per block instead of once per row tile
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [400, 1024])], [("y", np.float32, [400, 320])],
+                       {"W": _w(1024, 320)})
+    (tile,) = [s["gemm_tile"] for k in _schedules(model) for s in k if "gemm_tile" in s]
+    assert 0 < tile["row_block"] < 400 and tile["row_block"] % tile["mr"] == 0
+    _check(model, (400, 1024))

@@ -206,30 +206,49 @@ class CRenderer:
         ind = "  " * (depth + 1)
         ej_full, ej_rem, ei_rem = ej - ej % g.nr, ej % g.nr, ei % g.mr
 
-        spans = {"i": (ei_full, ei_rem, g.mr, "it_"), "j": (ej_full, ej_rem, g.nr, "jt_")}
+        # axis -> (first, end of the full tiles, narrower last tile, step, variable)
+        spans = {"i": ("0", ei_full, ei_rem, g.mr, "it_"), "j": ("0", ej_full, ej_rem, g.nr, "jt_")}
         may_split = not sched.parallel and stage_work(st) >= PARALLEL_MIN_WORK
 
-        def nest(order: str, size: dict, ind: str) -> None:
+        def nest(order: str, size: dict, ind: str, split: bool = may_split) -> None:
             # full tiles along the first axis of ``order``, then one narrower tile; inside, the
             # same for the next axis: every tile size is a compile-time constant
             if not order:
                 lines.extend(self._gemm_tile(red, a, b, epi, out, st, tile, ctype, size["i"],
                                              size["j"], ind))
                 return
-            full, rem, step, var = spans[order[0]]
+            first, full, rem, step, var = spans[order[0]]
             if full:
-                if may_split and len(order) == 2 and full >= 2 * step:
+                if split and len(order) == 2 and full >= 2 * step:
                     lines.append(f"{ind}#pragma omp parallel for schedule(static)")
-                lines.append(f"{ind}for (int64_t {var} = 0; {var} < {full}; {var} += {step}) {{")
-                nest(order[1:], {**size, order[0]: step}, ind + "  ")
+                lines.append(f"{ind}for (int64_t {var} = {first}; {var} < {full}; {var} += {step}) {{")
+                nest(order[1:], {**size, order[0]: step}, ind + "  ", split)
                 lines.append(f"{ind}}}")
             if rem:
                 lines.append(f"{ind}{{ const int64_t {var} = {full};")
-                nest(order[1:], {**size, order[0]: rem}, ind + "  ")
+                nest(order[1:], {**size, order[0]: rem}, ind + "  ", split)
                 lines.append(f"{ind}}}")
 
-        # columns outside rows keeps one b panel (reduction x nr) in cache across the row tiles
-        nest("ji" if g.cols_outer else "ij", {}, ind)
+        rb = g.row_block
+        if rb and not g.cols_outer and ei_full > rb:
+            # blocks of rb rows (their a rows stay in cache) outside the column panels, each
+            # panel streamed once per block instead of once per row tile
+            if may_split:
+                lines.append(f"{ind}#pragma omp parallel for schedule(static)")
+            lines.append(f"{ind}for (int64_t ib_ = 0; ib_ < {ei_full}; ib_ += {rb}) {{")
+            lines.append(f"{ind}  const int64_t ie_ = ib_ + {rb} < {ei_full} ? ib_ + {rb} : {ei_full};")
+            spans["i"] = ("ib_", "ie_", 0, g.mr, "it_")
+            nest("ji", {}, ind + "  ", False)
+            lines.append(f"{ind}}}")
+            if ei_rem:
+                spans["i"] = ("0", ei_full, ei_rem, g.mr, "it_")
+                lines.append(f"{ind}{{ const int64_t it_ = {ei_full};")
+                nest("j", {"i": ei_rem}, ind + "  ", may_split)
+                lines.append(f"{ind}}}")
+        else:
+            # columns outside rows keeps one b panel (reduction x nr) in cache across the row
+            # tiles
+            nest("ji" if g.cols_outer else "ij", {}, ind)
         self._close_loops(lines, depth)
         return ["  {"] + lines + ["  }"]
 
