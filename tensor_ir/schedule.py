@@ -58,7 +58,13 @@ def tunable_stages(kernel: Kernel) -> list[int]:
 
 
 def stage_work(stage: Stage) -> int:
-    """Points times reduction extents: a proxy for a stage's cost."""
+    """Points times reduction extents: a proxy for a stage's cost (multiply-adds)."""
+    if isinstance(stage, AttentionStage):  # q k^T and p v
+        sp = stage.spec
+        rows = 1
+        for _, e in sp.outer:
+            rows *= e
+        return rows * sp.sq * sp.sk * (sp.dk + sp.dv)
     n = 1
     for e in stage.extents:
         n *= e

@@ -32,6 +32,9 @@ def templated(art) -> int:
 def test_shapes(b, h, sq, sk, d, dv):
     art = compiled(attention_model(b, h, sq, sk, d, dv), qkv(b, h, sq, sk, d, dv))
     assert templated(art) == 1
+    (kernel,) = [k for k in art.manifest["kernels"] if any(
+        s.get("template") == "attention" for s in k["schedule"])]
+    assert kernel["work"] == b * h * sq * sk * (d + dv)  # multiply-adds of q k^T and p v
 
 
 def test_padding_mask_and_bshd_layout():
