@@ -286,6 +286,8 @@ def _channel_tile(stage: Stage, x: Expr, y: Expr, mr: int, nr: int) -> StageSche
     contiguous along the innermost output variable j (channels-last), ``b`` reading no other
     output variable. The tile keeps mr x nr sums in registers and loads a vector of ``a`` per
     row (instead of broadcasting one value), ``b`` once per reduction step for all rows."""
+    if not stage.vars:
+        return None  # a scalar output (1-D . 1-D) has no channel axis
     j = len(stage.vars) - 1
     vj = stage.vars[j]
     for a, b in ((x, y), (y, x)):

@@ -91,3 +91,11 @@ def test_large_gemm_with_rows_outside_runs_in_row_blocks():
     (tile,) = [s["gemm_tile"] for k in _schedules(model) for s in k if "gemm_tile" in s]
     assert 0 < tile["row_block"] < 400 and tile["row_block"] % tile["mr"] == 0
     _check(model, (400, 1024))
+
+
+def test_vector_dot_vector_gives_a_scalar():
+    # a 0-d output has no axis for a channel tile: the rules fall through to a plain reduction
+    nodes = [helper.make_node("MatMul", ["x", "v"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [40]), ("v", np.float32, [40])],
+                       [("y", np.float32, [])])
+    check_against_ort(model, {"x": _w(40), "v": _w(40)}, rtol=1e-4, atol=1e-4)
