@@ -295,3 +295,16 @@ def test_generated_source_runs_on_its_own(tmp_path):
     src = art.members["gpu/kernels.py"].decode()
     assert "deploy" not in src.split('"""')[2]  # no import of the compiler
     compile(src, "kernels.py", "exec")
+
+
+@pytest.mark.parametrize("m,k", [(128, 256), (100, 200)])
+def test_operand_masks_only_where_tiles_run_past_the_problem(tmp_path, m, k):
+    # 128 x 256 @ 256 x 128: every tile whole, the K loop loads without masks; 100 x 200:
+    # the row and K tests stay (the last tiles run past the problem)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                       [("x", np.float32, [m, k])], [("y", np.float32, [m, 128])],
+                       initializers={"w": rand(k, 128)})
+    interpreted(model, {"x": rand(m, k)}, tmp_path, rtol=1e-4, atol=1e-4)
+    src = deploy.compile(model, target="h100", aot=False).members["gpu/kernels.py"].decode()
+    loop = src.split("for k0 in range")[1].split("tl.dot")[0]
+    assert ("mask=" in loop) == (m == 100)

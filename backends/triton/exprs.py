@@ -136,6 +136,7 @@ class Emitter:
         self.reduce_fn = None  # set by the stage template: (Reduce, guard) -> name
         self.keep_half = False  # tl.dot operands: half-precision loads stay half
         self.block_vars: set[Var] = set()  # variables bound to blocks (the rest are scalars)
+        self.resident: dict[tuple, str] = {}  # point_key -> a value an earlier stage computed
         self._n = 0
 
     # ---- statements and scopes ------------------------------------------------------------
@@ -229,6 +230,10 @@ class Emitter:
             if self.keep_half and e.dtype in (DType.float16, DType.bfloat16):
                 return f"tl.full([], {float(e.value)!r}, {tl_type(e.dtype)})"
             return literal(e.value, e.dtype)
+        if self.resident and isinstance(e, Load):
+            hit = self.resident.get(point_key(e.buf, e.index, self.buffers[e.buf].shape))
+            if hit is not None:
+                return hit  # rows.py: written by an earlier stage of this function
         key = (e, guard if _guarded(e) else None)  # only loads depend on their guard
         hit = self._memo_get(key)
         if hit is not None:
@@ -311,6 +316,12 @@ class Emitter:
         if dtype is DType.bool:
             return f"{value}.to(tl.int8)"
         return f"{value}.to({tl_type(dtype)})"
+
+
+def point_key(buf: str, index, shape) -> tuple:
+    """A load's or store's address with size-1 dimensions left out (indexed by a variable of
+    extent 1 or by 0, both mean the only element)."""
+    return (buf, tuple(ix for ix, n in zip(index, shape) if n != 1))
 
 
 @functools.lru_cache(maxsize=65536)

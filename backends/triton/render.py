@@ -45,6 +45,7 @@ from .config import (
     split_chunk,
 )
 from .exprs import PRELUDE, PTR_TYPE, BufRef, Emitter, compute_dtype, tl_type
+from .rows import render_rows, rows_plan
 
 BIG = 2 ** 31
 WS_PARAM = "p_splitk__ws"  # the split-K workspace's parameter (the same in every function)
@@ -100,6 +101,11 @@ class TritonRenderer:
         """``tuned``: stage index -> a tuning record's launch parameters for that stage."""
         refs, owner = kernel_buffers(k)
         wide = any(_numel(b.shape) >= BIG for b in (*k.inputs, *k.outputs, *k.temps))
+        plan = rows_plan(k)
+        if plan is not None:  # every stage on the same short rows: one function (rows.py)
+            fn = render_rows(StageRenderer(self, f"{k.name}_rows", refs, wide), k, plan)
+            fn.args, fn.stage = [owner[p] for p in fn.args], 0
+            return [fn]
         out = []
         for s, stage in enumerate(k.stages):
             if _numel(stage.extents) == 0:
@@ -357,9 +363,13 @@ class StageRenderer:
         else:
             em.open(f"for k0 in range(0, {c.k}, BK):")
         cast = ".to(tl.int64)" if self.wide else ""
-        a = self._operand(c.a, "ka", f"(k0 + tl.arange(0, BK)[None, :]){cast}", f"(mi < {c.m})",
+        # masks only where a tile can run past the problem (unmasked loads pipeline better)
+        k_in = None if (chunk * split == c.k if split > 1 else c.k % cfg.bk == 0) else c.k
+        a = self._operand(c.a, "ka", f"(k0 + tl.arange(0, BK)[None, :]){cast}",
+                          None if c.m % cfg.bm == 0 else f"(mi < {c.m})", k_in,
                           rvars, rext, c, "[BM, BK]")
-        b = self._operand(c.b, "kb", f"(k0 + tl.arange(0, BK)[:, None]){cast}", f"(nj < {c.n})",
+        b = self._operand(c.b, "kb", f"(k0 + tl.arange(0, BK)[:, None]){cast}",
+                          None if c.n % cfg.bn == 0 else f"(nj < {c.n})", k_in,
                           rvars, rext, c, "[BK, BN]")
         mode = "tf32" if self.parent.allow_tf32 else "ieee"
         precision = "" if c.half else f", input_precision='{mode}'"
@@ -431,11 +441,15 @@ class StageRenderer:
         return self._function("splitk_sum", {"XBLOCK": cfg.block}, (-(-points // cfg.block),),
                               cfg, {"split_k": split})
 
-    def _operand(self, e: Expr, kname: str, kexpr: str, inside: str, rvars, rext, c, shape):
+    def _operand(self, e: Expr, kname: str, kexpr: str, inside: str | None, k_in: int | None,
+                 rvars, rext, c, shape):
+        """One operand tile; ``inside``: the M (or N) test, ``k_in``: the K bound, each None
+        when every tile is whole along it."""
         em = self.em
         em.push()
         kk = em.let(kexpr, kname)
-        guard = em.let(f"{inside} & ({kk} < {c.k})", "g")
+        tests = [t for t in (inside, None if k_in is None else f"({kk} < {k_in})") if t]
+        guard = em.let(" & ".join(tests), "g") if tests else None
         em.decompose(kk, rvars, rext)
         if c.half:
             em.keep_half = True
