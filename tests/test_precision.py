@@ -111,7 +111,8 @@ def test_softmax_and_layernorm_stay_fp32_and_contractions_go_half():
     for n in kept:
         assert all(v.dtype is DType.float32 for v in (*n.inputs, *n.outputs) if v is not None)
     matmuls = [n for n in nodes if n.op.name == "MatMul"]
-    assert len(matmuls) == 8 and all(n.outputs[0].dtype is DType.float16 for n in matmuls)
+    # q, k and v are one merged MatMul (passes/merge.py): 8 MatMuls in the model, 6 here
+    assert len(matmuls) == 6 and all(n.outputs[0].dtype is DType.float16 for n in matmuls)
 
 
 def test_each_value_is_cast_once_and_cast_pairs_cancel():

@@ -19,6 +19,7 @@ from .fold import fold_constants
 from .fold_affine import fold_affine
 from .fuse import fuse
 from .layout import layout
+from .merge import merge_projections
 from .precision import convert_precision
 from .simplify import simplify
 
@@ -28,6 +29,7 @@ PIPELINE = [
     ("cse", cse),  # one node per distinct computation
     ("dce", dce),  # drop what no output needs
     ("fold_affine", fold_affine),  # BatchNorm (per-channel x*s+t) into conv weights and bias
+    ("merge", merge_projections),  # sibling MatMuls of one input (q, k, v) -> one wider GEMM
     ("layout", layout),  # NHWC convolutions and pools where the target prefers them
     ("precision", convert_precision),  # --dtype fp16/bf16: half compute, fp32 where sensitive
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
