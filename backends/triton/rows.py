@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ...graph_ir.types import DType
 from ...tensor_ir.attention import AttentionStage
-from ...tensor_ir.expr import R, Load, Reduce, Var, substitute, walk
+from ...tensor_ir.expr import Load, R, Reduce, Var, substitute, walk
 from ...tensor_ir.kernel import Kernel, Stage
 from .config import LaunchConfig, _sms, _warps, pow2
 from .exprs import point_key
@@ -128,7 +128,7 @@ def rows_config(plan: RowsPlan, target=None) -> LaunchConfig:
 
 def render_rows(sr, k: Kernel, plan: RowsPlan):
     """One function for the whole kernel (``sr``: a render.StageRenderer)."""
-    from .render import _acc_dtype, _as_acc, _final, _init, _typed  # noqa: PLC0415 (cycle)
+    from .render import _acc_dtype, _as_acc, _final, _init, _typed
 
     cfg = rows_config(plan, sr.parent.target)
     em = sr.em
