@@ -15,6 +15,7 @@ stored. Softmax over the last axis and RMSNorm take the same path.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...graph_ir.types import DType
@@ -38,10 +39,7 @@ class RowsPlan:
 
     @property
     def n(self) -> int:
-        out = 1
-        for e in self.rows:
-            out *= e
-        return out
+        return math.prod(self.rows)
 
 
 def _row_vars(rank: int) -> tuple[Var, ...]:
