@@ -40,15 +40,22 @@ def test_different_structures_stay_apart():
     same_outputs(g, out)
 
 
-def test_attention_projections_match_ort():
-    # q, k, v of one hidden state through the merged GEMM into a softmax attention
+def attention_model(seq: int = 10, width: int = 16):
+    """q, k, v of one hidden state through the merged GEMM into a softmax attention; (model,
+    a random input)."""
     nodes = [helper.make_node("MatMul", ["x", f"W{c}"], [f"m{c}"]) for c in "qkv"]
     nodes += [helper.make_node("Add", [f"m{c}", f"b{c}"], [c]) for c in "qkv"]
     nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
               helper.make_node("MatMul", ["q", "kt"], ["s"]),
               helper.make_node("Softmax", ["s"], ["p"], axis=-1),
               helper.make_node("MatMul", ["p", "v"], ["y"])]
-    inits = {f"W{c}": 0.3 * _w(16, 16) for c in "qkv"} | {f"b{c}": _w(16) for c in "qkv"}
-    model = make_model(nodes, [("x", np.float32, [2, 10, 16])], [("y", np.float32, [2, 10, 16])],
-                       inits)
-    check_against_ort(model, {"x": _w(2, 10, 16)}, rtol=1e-4, atol=1e-5)
+    scale = 1 / np.sqrt(width)
+    inits = {f"W{c}": (scale * _w(width, width)).astype(np.float32) for c in "qkv"} | {f"b{c}": _w(width) for c in "qkv"}
+    model = make_model(nodes, [("x", np.float32, [2, seq, width])],
+                       [("y", np.float32, [2, seq, width])], inits)
+    return model, _w(2, seq, width)
+
+
+def test_attention_projections_match_ort():
+    model, x = attention_model()
+    check_against_ort(model, {"x": x}, rtol=1e-4, atol=1e-5)

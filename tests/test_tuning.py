@@ -99,3 +99,14 @@ def test_tuner_measures_kernels_with_packed_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(tune_mod, "time_kernels", fake_time)
     deploy.compile(_model(), tune="quick", tuning_db=str(tmp_path / "db.jsonl"))
     assert seen and all(any("_p" in b.name for b in k.inputs) for k in seen)
+
+
+def test_tuner_skips_stages_an_earlier_rule_takes(tmp_path, monkeypatch):
+    # merged q/k/v feeding attention: q k^T matches the tile rule, but the default rules give
+    # it another schedule; the tuner measures only stages that have a register tile
+    from tests.test_pass_merge import attention_model
+    monkeypatch.setattr(tune_mod, "time_kernels",
+                        lambda cands, flags, reps=5: [1e-3 + 1e-6 * n for n in range(len(cands))])
+    model, x = attention_model(seq=128, width=64)
+    check_against_ort(model, {"x": x}, rtol=1e-4, atol=1e-5, tune="quick",
+                      tuning_db=str(tmp_path / "db.jsonl"))

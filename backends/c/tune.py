@@ -61,7 +61,7 @@ def tune_kernel(k: Kernel, level: str, flags, deadline: float, rng: random.Rando
                 report: TuneReport, constants: set[str] = frozenset(),
                 bits: int = 512) -> TuningRecord | None:
     """Search ``k``'s register tiles for a target with ``bits``-wide SIMD."""
-    stages = tunable_stages(k)
+    stages = tunable_stages(k, bits)
     if not stages:
         return None
     # the default schedule is timed in the same library and batch as the first candidates (a
