@@ -1,8 +1,8 @@
 """GPU benchmark: deploy vs PyTorch eager vs torch.compile (default and max-autotune), one run.
 
     python -m deploy.bench.gpu resnet50 bert_base --dtype fp32 fp16 --batch 1 32
-        [--target h100] [--runs 50] [--skip-max-autotune] [--tune quick|full] [--tuning-db F]
-        [--json results.json]
+        [--target h100] [--runs 50] [--skip-max-autotune] [--skip-default]
+        [--tune quick|full] [--tuning-db F] [--json results.json]
 
 For each model and batch: export it (bench.models, seeded random weights; fp32 ONNX), then per
 dtype: compile it with deploy for the GPU target (Triton, ahead of time; fp16 through
@@ -130,13 +130,13 @@ def _replay_ms(mod) -> float | None:
     return EventTimer(dev).time_ms(lambda: dev.replay(graph), 20, 3, flush=True)
 
 
-def _torch_cases(module, args, timer, skip_max_autotune: bool) -> dict:
+def _torch_cases(module, args, timer, skip: set[str]) -> dict:
     import torch
     res = {}
     with torch.no_grad():
         res["eager"] = timer(lambda: module(*args))
         for mode, key in ((None, "tc_default"), ("max-autotune", "tc_max")):
-            if mode == "max-autotune" and skip_max_autotune:
+            if key in skip:
                 continue
             torch._dynamo.reset()
             try:
@@ -179,7 +179,9 @@ def bench_model(name: str, batch: int, dtypes: list[str], a) -> list[dict]:
         if half:
             with torch.no_grad():
                 row["eager_fp16_rel_l2"] = rel_l2(m(*targs).float().cpu().numpy(), ref)
-        row.update(_torch_cases(m, targs, timer, a.skip_max_autotune))
+        skip = {k for k, off in (("tc_default", a.skip_default), ("tc_max", a.skip_max_autotune))
+                if off}
+        row.update(_torch_cases(m, targs, timer, skip))
         rows.append(row)
         print(format_row(row), flush=True)
         del m
@@ -232,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--skip-max-autotune", action="store_true",
                    help="leave out torch.compile(mode='max-autotune') (its compiles are slow)")
+    p.add_argument("--skip-default", action="store_true",
+                   help="leave out torch.compile's default mode")
     p.add_argument("--tune", choices=["quick", "full"], help="tune deploy's kernels here first")
     p.add_argument("--tuning-db", help="tuning records for deploy's compiles")
     p.add_argument("--budget", default="10m", help="tuning budget per case (with --tune)")
