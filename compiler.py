@@ -216,7 +216,9 @@ def _precision_settings(tgt: Target, options: dict):
     return half, mode == "tf32"
 
 
-PRECISION_CHECK_LIMIT = 5e8  # interpreter multiply-adds beyond which --dtype's check is skipped
+# Interpreter multiply-adds beyond which --dtype's check is skipped: on 2 cores the five
+# benchmark models at batch 1 check in 0.3-4.3 s, ResNet-50 at batch 8 (2.6e10) in 7 s.
+PRECISION_CHECK_LIMIT = 3e10
 
 
 def _precision_record(art: Artifact, reference: Graph, tgt: Target, half, tf32: bool,

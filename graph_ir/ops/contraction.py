@@ -81,12 +81,21 @@ def _conv_ref(ins, attrs):
     for offs in itertools.product(*(range(k) for k in w.shape[2:])):
         win = xp[(slice(None), slice(None)) + _window_slices(offs, attrs["dilations"],
                                                             attrs["strides"], out_sp)]
-        win = win.reshape((n, g, c // g) + tuple(out_sp))
-        acc += np.einsum("ngc...,gmc->ngm...", win, wg[(Ellipsis,) + offs]).astype(x.dtype)
+        acc += _conv_tap(win.reshape((n, g, c // g) + tuple(out_sp)), wg[(Ellipsis,) + offs])
     out = acc.reshape((n, m) + tuple(out_sp))
     if b is not None:
         out = out + b.reshape((1, m) + (1,) * nsp)
     return [out.astype(x.dtype)]
+
+
+def _conv_tap(win: np.ndarray, wk: np.ndarray) -> np.ndarray:
+    """One kernel tap: win [N, G, C/G, *out], wk [G, M/G, C/G] -> [N, G, M/G, *out], through
+    BLAS (a batched matmul), or a broadcast multiply when each group has one input channel."""
+    n, g, cg, *sp = win.shape
+    if cg == 1:
+        return (win * wk.reshape((1, g, -1) + (1,) * len(sp))).astype(win.dtype, copy=False)
+    out = np.matmul(wk, win.reshape(n, g, cg, -1))
+    return out.reshape((n, g, wk.shape[1], *sp)).astype(win.dtype, copy=False)
 
 
 # Channels-last (layout="NHWC", 2-D): x is NHWC, the weight HWIO ([KH, KW, C/group, M]) and the
