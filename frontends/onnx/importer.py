@@ -15,15 +15,17 @@ from ...errors import ModelError, UnsupportedOpsError
 from ...graph_ir.builder import Builder
 from ...graph_ir.graph import Graph, Value
 from ...graph_ir.types import DType, TensorType
+from .expand import expand_functions
 from .registry import CONVERTERS, NeedsConstant, OnnxCtx
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 def load_model(model) -> tuple[onnx.ModelProto, str | None]:
-    """Load a path or ModelProto; weights in side files are resolved next to the model."""
+    """Load a path or ModelProto; weights in side files are resolved next to the model, and
+    functions are expanded (``expand.py``)."""
     if isinstance(model, onnx.ModelProto):
-        return model, None
+        return expand_functions(model), None
     path = os.fspath(model)
     if not os.path.exists(path):
         raise ModelError(f"{path}: no such file")
@@ -31,7 +33,7 @@ def load_model(model) -> tuple[onnx.ModelProto, str | None]:
         proto = onnx.load(path, load_external_data=True)
     except Exception as e:  # noqa: BLE001  (onnx raises many types for corrupt files)
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-    return proto, os.path.dirname(os.path.abspath(path))
+    return expand_functions(proto), os.path.dirname(os.path.abspath(path))
 
 
 def opset_of(proto: onnx.ModelProto) -> int:
@@ -42,14 +44,17 @@ def opset_of(proto: onnx.ModelProto) -> int:
 
 
 def unsupported_nodes(proto: onnx.ModelProto) -> list[tuple[str, str, int | None, str]]:
-    """Every node (subgraphs included) whose op has no converter: (name, op, opset, reason)."""
-    return [(name, op, version, why) for name, op, version, why in _node_rows(proto)
-            if why is not None]
+    """Every node (subgraphs included) whose op has no converter after function expansion:
+    (name, op, opset, reason)."""
+    return [(name, op, version, why) for name, op, version, why
+            in _node_rows(expand_functions(proto)) if why is not None]
 
 
 def list_ops(proto: onnx.ModelProto) -> list[tuple[str, str, int | None, bool]]:
-    """(node name, op type, opset of its domain, supported) for every node, in model order."""
-    return [(name, op, version, why is None) for name, op, version, why in _node_rows(proto)]
+    """(node name, op type, opset of its domain, supported) for every node, in model order,
+    after function expansion."""
+    return [(name, op, version, why is None)
+            for name, op, version, why in _node_rows(expand_functions(proto))]
 
 
 def _node_rows(proto: onnx.ModelProto):

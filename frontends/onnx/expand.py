@@ -1,0 +1,137 @@
+"""Functions expanded before conversion: model-local functions, and standard ops that deploy has
+no converter for but ONNX defines as a function of other ops.
+
+ONNX gives some operators a body in other operators (``Swish``, ``SwiGLU``), or a body that
+depends on the node's attributes and input types (``LinearAttention``, ``CausalConvWithState``),
+as ONNX Runtime uses to run them. A node of such an op becomes a model-local function built
+from that body (the body for the model's opset), and ``onnx.inliner`` then inlines every local
+function, the model's own ones included (an exporter's ``export_modules_as_functions``). Bodies
+may use other expandable ops (``SwiGLU`` uses ``Swish``): expansion repeats until no node is
+left to expand. An op whose body cannot be made (input types unknown) stays as it was and is
+reported as unsupported, like any op without a converter.
+"""
+from __future__ import annotations
+
+import onnx
+import onnx.inliner
+from onnx import defs, shape_inference
+
+from ...errors import ModelError
+from .registry import CONVERTERS
+
+DOMAIN = "deploy.expanded"  # the private domain of the functions made here
+MAX_ROUNDS = 8              # bodies that use expandable ops: one round per level of nesting
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def expand_functions(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with local functions inlined and expandable standard ops expanded (a new
+    model when anything changed; ``proto`` itself is never modified)."""
+    if proto.functions:
+        proto = _inline(proto)
+    for _ in range(MAX_ROUNDS):
+        if not any(_expandable(n, _opset(proto)) for n in _nodes(proto.graph)):
+            break
+        work = onnx.ModelProto()
+        work.CopyFrom(proto)
+        functions = _to_functions(work)
+        if not functions:
+            break
+        work.functions.extend(functions)
+        work.opset_import.add(domain=DOMAIN, version=1)
+        proto = _inline(work)
+        del proto.opset_import[:]
+        proto.opset_import.extend(o for o in work.opset_import if o.domain != DOMAIN)
+    return proto
+
+
+def _inline(proto: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.inliner.inline_local_functions(proto)
+    except Exception as e:  # noqa: BLE001  (the inliner's C++ errors come as several types)
+        raise ModelError(f"the model's functions could not be inlined: {e}") from None
+
+
+def _opset(proto: onnx.ModelProto) -> int:
+    return next((o.version for o in proto.opset_import if o.domain in DEFAULT_DOMAINS), 1)
+
+
+def _nodes(g: onnx.GraphProto):
+    for node in g.node:
+        yield node
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
+                yield from _nodes(sub)
+
+
+def _expandable(node: onnx.NodeProto, opset: int) -> bool:
+    if node.domain not in DEFAULT_DOMAINS or node.op_type in CONVERTERS:
+        return False
+    schema = _schema(node.op_type, opset)
+    return schema is not None and (schema.has_function or schema.has_context_dependent_function)
+
+
+def _schema(op: str, opset: int):
+    try:
+        return defs.get_schema(op, opset, "")
+    except defs.SchemaError:
+        return None
+
+
+def _to_functions(proto: onnx.ModelProto) -> list[onnx.FunctionProto]:
+    """Point every expandable node at a local function made from its op's body; the nodes
+    whose body cannot be made are left alone."""
+    opset, types = _opset(proto), None
+    functions = []
+    for node in _nodes(proto.graph):
+        if not _expandable(node, opset):
+            continue
+        schema = _schema(node.op_type, opset)
+        _add_defaults(node, schema)
+        if not schema.has_function:
+            types = _value_types(proto) if types is None else types
+            if not all(name in types for name in node.input if name):
+                continue
+        try:
+            fn = onnx.FunctionProto.FromString(_body(schema, node, opset, types))
+        except Exception:  # noqa: BLE001, S112  (no body for these attributes: unsupported)
+            continue
+        fn.domain, fn.name = DOMAIN, f"{node.op_type}_{len(functions)}"
+        for imp in fn.opset_import:  # the body for this opset may be stamped with an older one;
+            if imp.domain in DEFAULT_DOMAINS:  # the inliner takes only the model's version
+                imp.version = opset
+        node.domain, node.op_type = DOMAIN, fn.name
+        functions.append(fn)
+    return functions
+
+
+def _body(schema, node: onnx.NodeProto, opset: int, types: dict | None) -> bytes:
+    if schema.has_function:
+        return schema.get_function_with_opset_version(opset)
+    return schema.get_context_dependent_function_with_opset_version(
+        opset, node.SerializeToString(),
+        [types[name].SerializeToString() for name in node.input if name])
+
+
+def _add_defaults(node: onnx.NodeProto, schema) -> None:
+    """Give ``node`` the schema's default of every attribute it leaves out: a body refers to
+    its op's attributes, and the inliner drops a reference to an attribute the node lacks."""
+    given = {a.name for a in node.attribute}
+    for name, attr in schema.attributes.items():
+        default = attr.default_value
+        if name not in given and default.name:
+            node.attribute.append(default)
+
+
+def _value_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """The type of every value shape inference can tell, by name."""
+    try:
+        inferred = shape_inference.infer_shapes(proto)
+    except Exception:  # noqa: BLE001  (an incomplete model: fewer types, not an error)
+        inferred = proto
+    g = inferred.graph
+    types = {vi.name: vi.type for vi in [*g.input, *g.value_info, *g.output]}
+    for init in g.initializer:
+        tp = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
+        types.setdefault(init.name, tp)
+    return types
