@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-from .errors import DeployError, UnsupportedOpsError
+from .errors import DeployError, ModelError, UnsupportedOpsError
 
 
 class DeployRep(BackendRep):
@@ -35,9 +35,8 @@ class DeployRep(BackendRep):
         return self._compiled(self._feed(inputs))[0]
 
     def _feed(self, inputs) -> dict:
-        if isinstance(inputs, dict):
-            return {k: np.asarray(v) for k, v in inputs.items()}
-        return {n: np.asarray(v) for n, v in zip(self._input_names(), inputs)}
+        pairs = inputs.items() if isinstance(inputs, dict) else zip(self._input_names(), inputs)
+        return {name: _tensor(name, v) for name, v in pairs}
 
     def _input_names(self) -> list[str]:
         inits = {t.name for t in self.model.graph.initializer}
@@ -73,6 +72,14 @@ class DeployRep(BackendRep):
                     raise DeployError(str(e)) from None
                 self._const_names |= wanted
         raise DeployError("could not specialize the model's shape inputs")
+
+
+def _tensor(name: str, value) -> np.ndarray:
+    if isinstance(value, (list, tuple)) or value is None:
+        raise ModelError(f"input '{name}' is given a {type(value).__name__}, a sequence or "
+                         "optional value; only tensor inputs are supported (sequences and "
+                         "optionals exist only inside the model)")
+    return np.asarray(value)
 
 
 def _load(art):

@@ -131,3 +131,14 @@ def test_det():
     ins = {"x": rand(3, 4, 4)}
     ins["x"][1, :, 0] = 0.0  # a singular matrix: det 0, not NaN
     _check(_model("Det", ins, 1, 11), ins, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode,axis", [("linear", -2), ("circular", -2), ("circular", 1)])
+def test_tensor_scatter_kv_cache_update(mode, axis):
+    """A KV-cache write (opset 24): each batch row's update lands at its own write index."""
+    past, upd = rand(3, 2, 7, 4), rand(3, 2, 3, 4)
+    if axis == 1:
+        past, upd = rand(3, 7, 2, 4), rand(3, 3, 2, 4)
+    hi = 7 if mode == "circular" else 5  # linear writes must stay inside the cache
+    ins = {"past": past, "upd": upd, "w": RNG.integers(0, hi, 3).astype(np.int64)}
+    _check(_model("TensorScatter", ins, 1, 24, mode=mode, axis=axis), ins)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import numpy_helper
 
+from ...graph_ir.ops import elementwise as ew
 from ...graph_ir.ops import movement as mv
 from ...graph_ir.ops.registry import broadcast_shapes
 from ...graph_ir.types import DType
@@ -452,3 +453,28 @@ def convert_col2im(cx, node, ins):
                     dilations=tuple(cx.attr(node, "dilations", (1,) * r)),
                     pads=tuple(cx.attr(node, "pads", (0,) * (2 * r))),
                     strides=tuple(cx.attr(node, "strides", (1,) * r)))]
+
+
+@converter("TensorScatter")
+def convert_tensor_scatter(cx, node, ins):
+    # present = past; present[b, .., w[b] + i (mod L when circular), ..] = update[b, .., i, ..]:
+    # ScatterElements along the axis, its indices w[b] + i broadcast to update's shape
+    past, update, where = (list(ins) + [None])[:3]
+    rank = len(past.shape)
+    axis = axis_of(cx.attr(node, "axis", -2), rank)
+    mode = cx.attr(node, "mode", "linear")
+    if mode not in ("linear", "circular") or axis == 0:
+        raise ValueError(f"TensorScatter: mode {mode!r} and axis {axis} (accepted: mode linear or "
+                         "circular, an axis after the batch axis 0)")
+    seq = update.shape[axis]
+    steps = np.arange(seq, dtype=np.int64).reshape([seq if k == axis else 1 for k in range(rank)])
+    idx = cx.b.const(steps, "steps", DType.int64)
+    if where is not None:
+        first = reshape_to(cx, where, (past.shape[0],) + (1,) * (rank - 1), node.name)
+        idx = cx.b.op(ew.Add, first, idx, name=node.name)
+    if mode == "circular":
+        length = cx.b.const(np.asarray(past.shape[axis], np.int64), "length", DType.int64)
+        idx = cx.b.op(ew.Mod, idx, length, name=node.name)
+    idx = cx.b.op(mv.Expand, idx, name=node.name, shape=tuple(update.shape))
+    return [cx.b.op(mv.ScatterElements, past, idx, update, name=node.name, axis=axis,
+                    reduction="none")]
