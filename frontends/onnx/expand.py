@@ -2,8 +2,8 @@
 no converter for but ONNX defines as a function of other ops.
 
 ONNX gives some operators a body in other operators (``Swish``, ``SwiGLU``), or a body that
-depends on the node's attributes and input types (``LinearAttention``, ``CausalConvWithState``),
-as ONNX Runtime uses to run them. A node of such an op becomes a model-local function built
+depends on the node's attributes and input types (``LinearAttention``, ``CausalConvWithState``,
+the preview domain's ``FlexAttention``), as ONNX Runtime uses to run them. A node of such an op becomes a model-local function built
 from that body (the body for the model's opset), and ``onnx.inliner`` then inlines every local
 function, the model's own ones included (an exporter's ``export_modules_as_functions``). Bodies
 may use other expandable ops (``SwiGLU`` uses ``Swish``): expansion repeats until no node is
@@ -22,6 +22,7 @@ from .registry import CONVERTERS
 DOMAIN = "deploy.expanded"  # the private domain of the functions made here
 MAX_ROUNDS = 8              # bodies that use expandable ops: one round per level of nesting
 DEFAULT_DOMAINS = ("", "ai.onnx")
+PREVIEW = "ai.onnx.preview"  # standard ops on trial (FlexAttention): expandable as well
 
 
 def expand_functions(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -30,7 +31,7 @@ def expand_functions(proto: onnx.ModelProto) -> onnx.ModelProto:
     if proto.functions:
         proto = _inline(proto)
     for _ in range(MAX_ROUNDS):
-        if not any(_expandable(n, _opset(proto)) for n in _nodes(proto.graph)):
+        if not any(_expandable(n, proto) for n in _nodes(proto.graph)):
             break
         work = onnx.ModelProto()
         work.CopyFrom(proto)
@@ -52,8 +53,10 @@ def _inline(proto: onnx.ModelProto) -> onnx.ModelProto:
         raise ModelError(f"the model's functions could not be inlined: {e}") from None
 
 
-def _opset(proto: onnx.ModelProto) -> int:
-    return next((o.version for o in proto.opset_import if o.domain in DEFAULT_DOMAINS), 1)
+def _opset(proto: onnx.ModelProto, domain: str = "") -> int:
+    """The model's version of a domain (the default domain for "" and "ai.onnx")."""
+    domains = DEFAULT_DOMAINS if domain in DEFAULT_DOMAINS else (domain,)
+    return next((o.version for o in proto.opset_import if o.domain in domains), 1)
 
 
 def _nodes(g: onnx.GraphProto):
@@ -64,16 +67,18 @@ def _nodes(g: onnx.GraphProto):
                 yield from _nodes(sub)
 
 
-def _expandable(node: onnx.NodeProto, opset: int) -> bool:
-    if node.domain not in DEFAULT_DOMAINS or node.op_type in CONVERTERS:
+def _expandable(node: onnx.NodeProto, proto: onnx.ModelProto) -> bool:
+    default = node.domain in DEFAULT_DOMAINS
+    if not (default or node.domain == PREVIEW) or (default and node.op_type in CONVERTERS):
         return False
-    schema = _schema(node.op_type, opset)
+    schema = _schema(node, proto)
     return schema is not None and (schema.has_function or schema.has_context_dependent_function)
 
 
-def _schema(op: str, opset: int):
+def _schema(node: onnx.NodeProto, proto: onnx.ModelProto):
+    domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
     try:
-        return defs.get_schema(op, opset, "")
+        return defs.get_schema(node.op_type, _opset(proto, domain), domain)
     except defs.SchemaError:
         return None
 
@@ -84,16 +89,16 @@ def _to_functions(proto: onnx.ModelProto) -> list[onnx.FunctionProto]:
     opset, types = _opset(proto), None
     functions = []
     for node in _nodes(proto.graph):
-        if not _expandable(node, opset):
+        if not _expandable(node, proto):
             continue
-        schema = _schema(node.op_type, opset)
+        schema = _schema(node, proto)
         _add_defaults(node, schema)
         if not schema.has_function:
             types = _value_types(proto) if types is None else types
             if not all(name in types for name in node.input if name):
                 continue
         try:
-            fn = onnx.FunctionProto.FromString(_body(schema, node, opset, types))
+            fn = onnx.FunctionProto.FromString(_body(schema, node, proto, types))
         except Exception:  # noqa: BLE001, S112  (no body for these attributes: unsupported)
             continue
         fn.domain, fn.name = DOMAIN, f"{node.op_type}_{len(functions)}"
@@ -105,11 +110,12 @@ def _to_functions(proto: onnx.ModelProto) -> list[onnx.FunctionProto]:
     return functions
 
 
-def _body(schema, node: onnx.NodeProto, opset: int, types: dict | None) -> bytes:
+def _body(schema, node: onnx.NodeProto, proto: onnx.ModelProto, types: dict | None) -> bytes:
+    version = _opset(proto, schema.domain)
     if schema.has_function:
-        return schema.get_function_with_opset_version(opset)
+        return schema.get_function_with_opset_version(version)
     return schema.get_context_dependent_function_with_opset_version(
-        opset, node.SerializeToString(),
+        version, node.SerializeToString(),
         [types[name].SerializeToString() for name in node.input if name])
 
 
