@@ -296,3 +296,30 @@ def test_references_agree_with_onnx_reference_on_integer_div():
     x = np.array([-7, 7, -8, 9], np.int64)
     y = np.array([2, -2, 3, 4], np.int64)
     np.testing.assert_array_equal(ew.Div.reference([x, y], {})[0], [-3, -3, -2, 2])
+
+
+@pytest.mark.parametrize("op,bshape,axis,place", [
+    ("Add", (3, 4), 1, (None, slice(None), slice(None), None)),
+    ("Mul", (4, 5), None, (None, None)),            # no axis: B lines up with A's last dims
+    ("Sub", (2, 1), 0, (slice(None), slice(None), None, None)),  # a 1 in B broadcasts too
+])
+def test_legacy_broadcast_before_opset_7(op, bshape, axis, place):
+    from tests.util import make_model
+    rng = np.random.default_rng(41)
+    a, b = rng.standard_normal((2, 3, 4, 5), np.float32), rng.standard_normal(bshape, np.float32)
+    attrs = {"broadcast": 1} if axis is None else {"broadcast": 1, "axis": axis}
+    node = helper.make_node(op, ["a", "b"], ["y"], **attrs)
+    model = make_model([node], [("a", np.float32, a.shape), ("b", np.float32, b.shape)],
+                       [("y", np.float32, a.shape)], opset=6)
+    (y,) = deploy.compile(model).load().run({"a": a, "b": b})
+    fn = {"Add": np.add, "Mul": np.multiply, "Sub": np.subtract}[op]
+    np.testing.assert_allclose(y, fn(a, b[place]), rtol=1e-6)
+
+
+def test_legacy_broadcast_that_does_not_line_up_names_the_node():
+    from tests.util import make_model
+    node = helper.make_node("Add", ["a", "b"], ["y"], name="bad_add", broadcast=1, axis=2)
+    model = make_model([node], [("a", np.float32, (2, 3, 4)), ("b", np.float32, (3,))],
+                       [("y", np.float32, (2, 3, 4))], opset=6)
+    with pytest.raises(deploy.errors.ModelError, match="bad_add.*do not line up"):
+        deploy.compile(model)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ...graph_ir.graph import Value
 from ...graph_ir.ops import elementwise as ew
+from ...graph_ir.ops import movement as mv
 from ...graph_ir.types import DType
 from .registry import converter
 
@@ -36,9 +37,8 @@ LOW_PRECISION = (DType.float16, DType.bfloat16)
 
 @converter(*DIRECT)
 def convert_direct(cx, node, ins):
-    if cx.opset < 7 and cx.attr(node, "broadcast", 0) and cx.attr(node, "axis") is not None:
-        raise NotImplementedError(f"{node.op_type} with the legacy (opset < 7) broadcast axis "
-                                  "attribute is not supported; re-export with opset >= 7")
+    if cx.opset < 7 and cx.attr(node, "broadcast", 0) and len(ins) == 2:
+        ins = [ins[0], _legacy_broadcast(cx, node, ins[0], ins[1], cx.attr(node, "axis"))]
     for v in ins:
         if v is not None and v.dtype is DType.string:
             raise NotImplementedError(f"{node.op_type} on string tensors is not supported")
@@ -155,9 +155,24 @@ def convert_shrink(cx, node, ins):
 
 @converter("PRelu")
 def convert_prelu(cx, node, ins):
-    # x < 0 ? slope * x : x   (slope broadcasts to x)
+    # x < 0 ? slope * x : x   (slope broadcasts to x; before opset 7 a [C] slope is per channel)
     g, (x, slope) = Alg(cx, node), ins
+    if cx.opset < 7 and len(slope.shape) == 1 and len(x.shape) > 2 and slope.shape[0] > 1:
+        slope = _legacy_broadcast(cx, node, x, slope, 1)
     return [g.where(g.less(x, g.c(0, x)), g.mul(x, slope), x)]
+
+
+def _legacy_broadcast(cx, node, a: Value, b: Value, axis) -> Value:
+    """Opset < 7 broadcasting: ``b``'s dims match ``a``'s (or are 1) from ``axis`` on (default:
+    the trailing ones); ``b`` gets 1s around them so that numpy broadcasting does the rest."""
+    ra, rb = len(a.shape), len(b.shape)
+    start = ra - rb if axis is None else (axis + ra if axis < 0 else axis)
+    lined_up = all(d in (1, e) for d, e in zip(b.shape, a.shape[start:start + rb]))
+    if not 0 <= start <= ra - rb or not lined_up:
+        raise ValueError(f"legacy broadcast of {tuple(b.shape)} onto {tuple(a.shape)} at axis "
+                         f"{axis}: the shapes do not line up")
+    shape = (1,) * start + tuple(b.shape) + (1,) * (ra - rb - start)
+    return b if shape == tuple(b.shape) else cx.b.op(mv.Reshape, b, name=node.name, shape=shape)
 
 
 @converter("Reciprocal")
