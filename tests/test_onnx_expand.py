@@ -81,3 +81,19 @@ def test_ops_without_a_body_are_still_reported():
                        [helper.make_tensor_value_info("t", TensorProto.STRING, [2])], opset=17)
     with pytest.raises(UnsupportedOpsError, match="norm.*StringNormalizer"):
         deploy.compile(model)
+
+
+def test_an_op_whose_body_needs_missing_ops_keeps_its_name():
+    """Bernoulli's body draws with RandomUniformLike, which deploy lacks: the error names the
+    user's node and op, and says what its body needs, beside the other unsupported node."""
+    nodes = [helper.make_node("Bernoulli", ["p"], ["b"], name="coin"),
+             helper.make_node("StringNormalizer", ["s"], ["t"], name="norm")]
+    model = make_model(nodes, [("p", np.float32, [4]),
+                               helper.make_tensor_value_info("s", TensorProto.STRING, [2])],
+                       [("b", np.float32, [4]),
+                        helper.make_tensor_value_info("t", TensorProto.STRING, [2])], opset=22)
+    with pytest.raises(UnsupportedOpsError) as e:
+        deploy.compile(model)
+    text = str(e.value)
+    assert "'coin': Bernoulli (opset 22): its ONNX function body uses RandomUniformLike" in text
+    assert "'norm': StringNormalizer" in text

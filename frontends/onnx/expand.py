@@ -92,15 +92,11 @@ def _to_functions(proto: onnx.ModelProto) -> list[onnx.FunctionProto]:
         if not _expandable(node, proto):
             continue
         schema = _schema(node, proto)
-        _add_defaults(node, schema)
-        if not schema.has_function:
-            types = _value_types(proto) if types is None else types
-            if not all(name in types for name in node.input if name):
-                continue
-        try:
-            fn = onnx.FunctionProto.FromString(_body(schema, node, proto, types))
-        except Exception:  # noqa: BLE001, S112  (no body for these attributes: unsupported)
-            continue
+        if not schema.has_function and types is None:
+            types = _value_types(proto)
+        fn = _function(node, proto, types)
+        if fn is None or _lacking(fn, proto):
+            continue  # stays as it is: reported under its own name, with why (``lacks``)
         fn.domain, fn.name = DOMAIN, f"{node.op_type}_{len(functions)}"
         for imp in fn.opset_import:  # the body for this opset may be stamped with an older one;
             if imp.domain in DEFAULT_DOMAINS:  # the inliner takes only the model's version
@@ -108,6 +104,49 @@ def _to_functions(proto: onnx.ModelProto) -> list[onnx.FunctionProto]:
         node.domain, node.op_type = DOMAIN, fn.name
         functions.append(fn)
     return functions
+
+
+def lacks(node: onnx.NodeProto, proto: onnx.ModelProto) -> list[str] | None:
+    """For a node of an op with an ONNX body: the ops of that body (nested bodies included)
+    that deploy cannot convert; None when no body can be made for this node."""
+    schema = _schema(node, proto)
+    if schema is None or not (schema.has_function or schema.has_context_dependent_function):
+        return None
+    mine = onnx.NodeProto()
+    mine.CopyFrom(node)  # the defaults go on a copy: the caller's model stays as it is
+    fn = _function(mine, proto, None if schema.has_function else _value_types(proto))
+    return None if fn is None else sorted(_lacking(fn, proto))
+
+
+def _function(node: onnx.NodeProto, proto: onnx.ModelProto, types: dict | None):
+    """The body ONNX defines for ``node`` (its defaults filled in), or None."""
+    schema = _schema(node, proto)
+    if not schema.has_function and not all(n in types for n in node.input if n):
+        return None
+    _add_defaults(node, schema)
+    try:
+        return onnx.FunctionProto.FromString(_body(schema, node, proto, types))
+    except Exception:  # noqa: BLE001  (no body for these attributes)
+        return None
+
+
+def _lacking(fn: onnx.FunctionProto, proto: onnx.ModelProto, depth: int = 0) -> set[str]:
+    """Ops of ``fn`` that have neither a converter nor a body (bodies of plain function ops
+    looked into; a body made per node is taken on trust, its input types being unknown)."""
+    out: set[str] = set()
+    for node in fn.node:
+        if node.domain not in DEFAULT_DOMAINS and node.domain != PREVIEW:
+            out.add(f"{node.domain}::{node.op_type}")
+        elif node.domain in DEFAULT_DOMAINS and node.op_type in CONVERTERS:
+            continue
+        elif (schema := _schema(node, proto)) is None or depth >= MAX_ROUNDS:
+            out.add(node.op_type)
+        elif schema.has_function:
+            body = onnx.FunctionProto.FromString(_body(schema, node, proto, None))
+            out |= _lacking(body, proto, depth + 1)
+        elif not schema.has_context_dependent_function:
+            out.add(node.op_type)
+    return out
 
 
 def _body(schema, node: onnx.NodeProto, proto: onnx.ModelProto, types: dict | None) -> bytes:

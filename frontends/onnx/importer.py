@@ -15,7 +15,7 @@ from ...errors import ModelError, UnsupportedOpsError
 from ...graph_ir.builder import Builder
 from ...graph_ir.graph import Graph, Value
 from ...graph_ir.types import DType, TensorType
-from .expand import expand_functions
+from .expand import expand_functions, lacks
 from .registry import CONVERTERS, NeedsConstant, OnnxCtx
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -63,12 +63,16 @@ def _node_rows(proto: onnx.ModelProto):
     for i, node in enumerate(_all_nodes(proto.graph)):
         domain, name = node.domain or "", node.name or f"#{i}"
         version = opsets.get(domain, opsets.get("ai.onnx") if domain in DEFAULT_DOMAINS else None)
-        if domain not in DEFAULT_DOMAINS:
-            yield name, f"{domain}::{node.op_type}", version, "custom domain"
-        elif node.op_type not in CONVERTERS:
-            yield name, node.op_type, version, ""
-        else:
+        if domain in DEFAULT_DOMAINS and node.op_type in CONVERTERS:
             yield name, node.op_type, version, None
+        elif (missing := lacks(node, proto)) is not None:
+            op = node.op_type if domain in DEFAULT_DOMAINS else f"{domain}::{node.op_type}"
+            yield name, op, version, (f"its ONNX function body uses {', '.join(missing)}, "
+                                      "which deploy lacks")
+        elif domain not in DEFAULT_DOMAINS:
+            yield name, f"{domain}::{node.op_type}", version, "custom domain"
+        else:
+            yield name, node.op_type, version, ""
 
 
 def _all_nodes(g: onnx.GraphProto):
