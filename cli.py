@@ -295,7 +295,7 @@ def _model_ops(path: str) -> tuple[object, list[tuple]]:
                              "(pip install torch)") from None
         return path, torch_ops(path)
     from .frontends.onnx import list_ops, load_model
-    proto, _ = load_model(path)
+    proto, _ = load_model(path, expand=False)  # the ops as the user wrote them
     return proto, list_ops(proto)
 
 

@@ -107,8 +107,12 @@ def _to_functions(proto: onnx.ModelProto) -> list[onnx.FunctionProto]:
 
 
 def lacks(node: onnx.NodeProto, proto: onnx.ModelProto) -> list[str] | None:
-    """For a node of an op with an ONNX body: the ops of that body (nested bodies included)
-    that deploy cannot convert; None when no body can be made for this node."""
+    """For a node of an op with a body (an ONNX function, or one of the model's own functions):
+    the ops of that body (nested bodies included) that deploy cannot convert; None when no body
+    can be made for this node."""
+    local = _local(proto, node.domain, node.op_type)
+    if local is not None:
+        return sorted(_lacking(local, proto))
     schema = _schema(node, proto)
     if schema is None or not (schema.has_function or schema.has_context_dependent_function):
         return None
@@ -116,6 +120,10 @@ def lacks(node: onnx.NodeProto, proto: onnx.ModelProto) -> list[str] | None:
     mine.CopyFrom(node)  # the defaults go on a copy: the caller's model stays as it is
     fn = _function(mine, proto, None if schema.has_function else _value_types(proto))
     return None if fn is None else sorted(_lacking(fn, proto))
+
+
+def _local(proto: onnx.ModelProto, domain: str, op: str) -> onnx.FunctionProto | None:
+    return next((f for f in proto.functions if f.domain == domain and f.name == op), None)
 
 
 def _function(node: onnx.NodeProto, proto: onnx.ModelProto, types: dict | None):
@@ -135,7 +143,9 @@ def _lacking(fn: onnx.FunctionProto, proto: onnx.ModelProto, depth: int = 0) -> 
     looked into; a body made per node is taken on trust, its input types being unknown)."""
     out: set[str] = set()
     for node in fn.node:
-        if node.domain not in DEFAULT_DOMAINS and node.domain != PREVIEW:
+        if (local := _local(proto, node.domain, node.op_type)) is not None:
+            out |= _lacking(local, proto, depth + 1) if depth < MAX_ROUNDS else {node.op_type}
+        elif node.domain not in DEFAULT_DOMAINS and node.domain != PREVIEW:
             out.add(f"{node.domain}::{node.op_type}")
         elif node.domain in DEFAULT_DOMAINS and node.op_type in CONVERTERS:
             continue

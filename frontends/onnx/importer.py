@@ -21,11 +21,11 @@ from .registry import CONVERTERS, NeedsConstant, OnnxCtx
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
-def load_model(model) -> tuple[onnx.ModelProto, str | None]:
+def load_model(model, expand: bool = True) -> tuple[onnx.ModelProto, str | None]:
     """Load a path or ModelProto; weights in side files are resolved next to the model, and
-    functions are expanded (``expand.py``)."""
+    functions are expanded (``expand.py``) unless ``expand`` is False."""
     if isinstance(model, onnx.ModelProto):
-        return expand_functions(model), None
+        return (expand_functions(model) if expand else model), None
     path = os.fspath(model)
     if not os.path.exists(path):
         raise ModelError(f"{path}: no such file")
@@ -33,7 +33,7 @@ def load_model(model) -> tuple[onnx.ModelProto, str | None]:
         proto = onnx.load(path, load_external_data=True)
     except Exception as e:  # noqa: BLE001  (onnx raises many types for corrupt files)
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-    return expand_functions(proto), os.path.dirname(os.path.abspath(path))
+    return (expand_functions(proto) if expand else proto), os.path.dirname(os.path.abspath(path))
 
 
 def opset_of(proto: onnx.ModelProto) -> int:
@@ -44,35 +44,37 @@ def opset_of(proto: onnx.ModelProto) -> int:
 
 
 def unsupported_nodes(proto: onnx.ModelProto) -> list[tuple[str, str, int | None, str]]:
-    """Every node (subgraphs included) whose op has no converter after function expansion:
-    (name, op, opset, reason)."""
+    """Every node (subgraphs included) that deploy cannot convert once functions are expanded
+    (``expand.py``): (name, op, opset, reason)."""
     return [(name, op, version, why) for name, op, version, why
-            in _node_rows(expand_functions(proto)) if why is not None]
+            in _node_rows(expand_functions(proto), expanded=True) if why is not None]
 
 
 def list_ops(proto: onnx.ModelProto) -> list[tuple[str, str, int | None, bool]]:
-    """(node name, op type, opset of its domain, supported) for every node, in model order,
-    after function expansion."""
+    """(node name, op type, opset of its domain, supported) for every node of the model as
+    written, in model order: an op without a converter is supported when the body it expands
+    into (its ONNX function, or the model's own function) is."""
     return [(name, op, version, why is None)
-            for name, op, version, why in _node_rows(expand_functions(proto))]
+            for name, op, version, why in _node_rows(proto, expanded=False)]
 
 
-def _node_rows(proto: onnx.ModelProto):
-    """(name, op, opset, reason it is unsupported or None) per node, subgraphs included."""
+def _node_rows(proto: onnx.ModelProto, expanded: bool):
+    """(name, op, opset, reason it is unsupported or None) per node, subgraphs included.
+    ``expanded``: functions were expanded already, so a node still holding one is not
+    convertible even when its body would be."""
     opsets = {imp.domain: imp.version for imp in proto.opset_import}
     for i, node in enumerate(_all_nodes(proto.graph)):
         domain, name = node.domain or "", node.name or f"#{i}"
         version = opsets.get(domain, opsets.get("ai.onnx") if domain in DEFAULT_DOMAINS else None)
+        op = node.op_type if domain in DEFAULT_DOMAINS else f"{domain}::{node.op_type}"
         if domain in DEFAULT_DOMAINS and node.op_type in CONVERTERS:
-            yield name, node.op_type, version, None
-        elif (missing := lacks(node, proto)) is not None:
-            op = node.op_type if domain in DEFAULT_DOMAINS else f"{domain}::{node.op_type}"
-            yield name, op, version, (f"its ONNX function body uses {', '.join(missing)}, "
-                                      "which deploy lacks")
-        elif domain not in DEFAULT_DOMAINS:
-            yield name, f"{domain}::{node.op_type}", version, "custom domain"
+            yield name, op, version, None
+        elif (missing := lacks(node, proto)) is None:
+            yield name, op, version, "" if domain in DEFAULT_DOMAINS else "custom domain"
+        elif missing:
+            yield name, op, version, f"its function body uses {', '.join(missing)}, which deploy lacks"
         else:
-            yield name, node.op_type, version, ""
+            yield name, op, version, "its function body could not be expanded" if expanded else None
 
 
 def _all_nodes(g: onnx.GraphProto):
