@@ -92,6 +92,10 @@ def _add_compile(sub, common) -> None:
     c.add_argument("--precision", choices=["fp32", "tf32"], type=str.lower, default=None,
                    help="float32 GEMMs on GPU targets: fp32 (IEEE, default) or tf32 (TF32 "
                         "tensor cores)")
+    c.add_argument("--check-precision", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --dtype: measure the error against the float32 model on random "
+                        "inputs at compile time (default: when interpreting the model costs at "
+                        "most 3e10 multiply-adds)")
     c.add_argument("--tune", choices=["none", "quick", "full"], default="none",
                    help="autotune kernels on this machine first (default: none, i.e. tuning "
                         "records if any, else the default schedules)")
@@ -223,6 +227,8 @@ def _compile_and_report(args, tune: str, out: Path | None) -> None:
     from .compiler import compile as deploy_compile
     t0 = time.perf_counter()
     precision = {k: v for k in ("dtype", "precision") if (v := getattr(args, k, None))}
+    if getattr(args, "check_precision", None) is not None:
+        precision["check_precision"] = args.check_precision
     with warnings.catch_warnings():  # the --dtype error check's warning is printed below
         warnings.filterwarnings("ignore", message="--dtype", category=RuntimeWarning)
         art = deploy_compile(args.model, target=args.target,

@@ -189,3 +189,11 @@ def test_example_cnn_compiles_runs_and_matches_ort(tmp_path):
     r = deploy_cli("run", tmp_path / "cnn.dpk", "--check", model)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "logits: float32[1, 10]" in r.stdout and r.stdout.rstrip().endswith("PASS")
+
+
+@pytest.mark.parametrize("flag,expect", [("--check-precision", "rel L2 error vs fp32"),
+                                         ("--no-check-precision", "check_precision=False")])
+def test_compile_check_precision_flag(tmp_path, capsys, flag, expect):
+    assert main(["compile", str(EXAMPLES / "cnn.onnx"), "--dtype", "fp16", flag,
+                 "-o", str(tmp_path / "c.dpk")]) == 0
+    assert expect in capsys.readouterr().out
