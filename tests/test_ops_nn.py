@@ -209,3 +209,16 @@ def test_resize(spec):
     model = make_model([node], [("x", F32, list(x.shape))], [("y", F32, None)], inits, opset=13)
     check_against_ort(model, {"x": x}, rtol=1e-4, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_lp_normalization_keeps_an_all_zero_vector_zero(p):
+    """ONNX (and ONNX Runtime) give 0, not 0/0 = nan, for a vector whose norm is 0."""
+    from tests.util import make_model, run_deploy, run_ort
+    x = np.random.default_rng(5).standard_normal((3, 4, 5)).astype(np.float32)
+    x[1, :, 2] = 0.0  # one all-zero vector along axis 1
+    node = helper.make_node("LpNormalization", ["x"], ["y"], axis=1, p=p)
+    model = make_model([node], [("x", np.float32, x.shape)], [("y", np.float32, x.shape)])
+    (ours,), (ref,) = run_deploy(model, {"x": x}), run_ort(model, {"x": x})
+    assert not np.isnan(ours).any()
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)

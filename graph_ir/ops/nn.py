@@ -191,10 +191,10 @@ def _norm_ref(ins, attrs):
             y = (xf - mean) / (np.sqrt(var) + cdt.type(eps))
         elif mode == "rms":
             y = xf / np.sqrt((xf * xf).mean(axis=axes, keepdims=True) + cdt.type(eps))
-        elif mode == "l1":
-            y = xf / np.abs(xf).sum(axis=axes, keepdims=True)
-        else:
-            y = xf / np.sqrt((xf * xf).sum(axis=axes, keepdims=True))
+        else:  # l1 / l2; an all-zero x stays zero
+            n = (np.abs(xf).sum(axis=axes, keepdims=True) if mode == "l1"
+                 else np.sqrt((xf * xf).sum(axis=axes, keepdims=True)))
+            y = np.where(n > 0, xf / n, cdt.type(0))
     if scale is not None:
         y = y * scale.astype(cdt)
     if bias is not None:
@@ -208,7 +208,7 @@ Normalize = define(
     axes=REQUIRED, mode="std", epsilon=1e-5, stats=0,
     doc="y = normalize(x over axes) * scale + bias (scale, bias optional, broadcast to x). "
         "std: (x-mean)/sqrt(var+eps); mvn: (x-mean)/(sqrt(var)+eps); rms: x/sqrt(mean(x^2)+eps); "
-        "l1/l2: x/||x||. stats=1 adds the mean and (biased) variance, keepdims-shaped.")
+        "l1/l2: x/||x|| (0 where ||x|| = 0). stats=1 adds the mean and (biased) variance, keepdims-shaped.")
 
 
 # ---- softmax family ---------------------------------------------------------------------------

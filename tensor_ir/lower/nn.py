@@ -204,10 +204,12 @@ def lower_normalize(ctx: LowerCtx):
     elif mode == "rms":
         inv_fn = lambda *v: unary(U.RSQRT, _reduce_axes(x, axes, v, lambda e: e * e, cdt) * inv_n
                                   + const(eps, cdt))
-    elif mode == "l2":
-        inv_fn = lambda *v: unary(U.RSQRT, _reduce_axes(x, axes, v, lambda e: e * e, cdt))
-    else:
-        inv_fn = lambda *v: unary(U.RECIP, _reduce_axes(x, axes, v, lambda e: unary(U.ABS, e), cdt))
+    else:  # l1 / l2: 1 / ||x||, and 0 for an all-zero x (which stays zero, as ONNX has it)
+        norm = ctx.temp(kept, cdt)
+        term = (lambda e: e * e) if mode == "l2" else (lambda e: unary(U.ABS, e))
+        stages.append(compute(norm, lambda *v: _reduce_axes(x, axes, v, term, cdt)))
+        root = U.RSQRT if mode == "l2" else U.RECIP
+        inv_fn = lambda *v: select(norm[v] > const(0, cdt), unary(root, norm[v]), const(0, cdt))
     inv = ctx.temp(kept, cdt)
     stages.append(compute(inv, inv_fn))
 
