@@ -3,12 +3,13 @@ no converter for but ONNX defines as a function of other ops.
 
 ONNX gives some operators a body in other operators (``Swish``, ``SwiGLU``), or a body that
 depends on the node's attributes and input types (``LinearAttention``, ``CausalConvWithState``,
-the preview domain's ``FlexAttention``), as ONNX Runtime uses to run them. A node of such an op becomes a model-local function built
-from that body (the body for the model's opset), and ``onnx.inliner`` then inlines every local
-function, the model's own ones included (an exporter's ``export_modules_as_functions``). Bodies
-may use other expandable ops (``SwiGLU`` uses ``Swish``): expansion repeats until no node is
-left to expand. An op whose body cannot be made (input types unknown) stays as it was and is
-reported as unsupported, like any op without a converter.
+the preview domain's ``FlexAttention``), as ONNX Runtime uses to run them. A node of such an op
+becomes a model-local function built from that body (the body for the model's opset), and
+``onnx.inliner`` then inlines every local function, the model's own ones included (an
+exporter's ``export_modules_as_functions``). Bodies may use other expandable ops (``SwiGLU``
+uses ``Swish``): expansion repeats until no node is left to expand. A node whose body cannot be
+made (input types unknown) or needs ops deploy lacks (``lacks``) stays as it was and is reported
+as unsupported under its own name, like any op without a converter.
 """
 from __future__ import annotations
 
@@ -152,7 +153,11 @@ def _lacking(fn: onnx.FunctionProto, proto: onnx.ModelProto, depth: int = 0) -> 
         elif (schema := _schema(node, proto)) is None or depth >= MAX_ROUNDS:
             out.add(node.op_type)
         elif schema.has_function:
-            body = onnx.FunctionProto.FromString(_body(schema, node, proto, None))
+            try:
+                body = onnx.FunctionProto.FromString(_body(schema, node, proto, None))
+            except Exception:  # noqa: BLE001  (no body at this opset: counts as missing)
+                out.add(node.op_type)
+                continue
             out |= _lacking(body, proto, depth + 1)
         elif not schema.has_context_dependent_function:
             out.add(node.op_type)
