@@ -98,3 +98,32 @@ def test_an_op_whose_body_needs_missing_ops_keeps_its_name():
     text = str(e.value)
     assert "'coin': Bernoulli (opset 22): its function body uses RandomUniformLike" in text
     assert "'norm': StringNormalizer" in text
+
+
+def test_torch_export_with_module_functions_matches_ort(tmp_path):
+    """A real exporter's output: torch.onnx.export(..., export_modules_as_functions=...) writes
+    each Block as a model-local function; deploy inlines them and matches ONNX Runtime."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.fc1 = torch.nn.LayerNorm(16), torch.nn.Linear(16, 32)
+            self.fc2 = torch.nn.Linear(32, 16)
+
+        def forward(self, x):
+            return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+    net = torch.nn.Sequential(Block(), Block()).eval()
+    path = tmp_path / "blocks.onnx"
+    torch.onnx.export(net, (torch.randn(2, 5, 16),), str(path), dynamo=False, opset_version=17,
+                      export_modules_as_functions={Block}, input_names=["x"],
+                      output_names=["y"])
+    model = onnx.load(str(path))
+    rows = list_ops(model)
+    assert model.functions and all(ok for *_, ok in rows)
+    assert sum(op.endswith("::Block") for _, op, _, _ in rows) == 2
+    x = RNG.standard_normal((2, 5, 16)).astype(np.float32)
+    (ours,), (ref,) = run_deploy(model, {"x": x}), run_ort(model, {"x": x})
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
