@@ -18,6 +18,7 @@ is one CUDA-graph replay alone (CUDA events). Prints one markdown row per case.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import inspect
 import json
@@ -152,6 +153,17 @@ def _torch_cases(module, args, timer, skip: set[str]) -> dict:
     return res
 
 
+@contextlib.contextmanager
+def _strict_fp32(torch):
+    """The reference in true fp32: eager's convolutions default to TF32 on Ampere and later."""
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
+
+
 def bench_model(name: str, batch: int, dtypes: list[str], a) -> list[dict]:
     """Every dtype of one model at one batch size: one result dict per dtype."""
     import torch
@@ -161,7 +173,7 @@ def bench_model(name: str, batch: int, dtypes: list[str], a) -> list[dict]:
     module, tspecs, _ = build(name, batch=batch)
     module = module.cuda().eval()
     args32 = [torch.from_numpy(feed[s.name]).cuda() for s in tspecs]
-    with torch.no_grad():
+    with torch.no_grad(), _strict_fp32(torch):
         ref = module(*args32).float().cpu().numpy()
     timer = Timer(a.runs, a.warmup)
     rows = []
