@@ -6,17 +6,21 @@
 # and each part travels in its own call (carry [".devcache/aa"], command
 #   mkdir -p /tmp/parts && cp .devcache/*/big.tar.* /tmp/parts/)
 # to one warm machine; the last call carries the last part with SHA and runs this script.
+# The fp32 artifacts of all five (1.5 GB, 27 parts) went the same way as big32 (--dtype fp32):
+# `bash bench/gpu_runs/carried_parts.sh big32 check-only`.
 export PYTHONUNBUFFERED=1
-mkdir -p /tmp/parts /tmp/big && cp .devcache/*/big.tar.* /tmp/parts/
-echo "parts: $(ls /tmp/parts | wc -l)"
+name=${1:-big}
+mkdir -p /tmp/parts /tmp/$name && cp .devcache/*/$name.tar.* /tmp/parts/
+echo "parts: $(ls /tmp/parts/$name.tar.* | wc -l)"
 want=$(cut -d' ' -f1 .devcache/*/SHA)
-got=$(cat /tmp/parts/big.tar.* | tee >(tar xf - -C /tmp/big) | sha256sum | cut -d' ' -f1)
+got=$(cat /tmp/parts/$name.tar.* | tee >(tar xf - -C /tmp/$name) | sha256sum | cut -d' ' -f1)
 sleep 2
 [ "$want" = "$got" ] && echo "sha256 matches" || { echo "sha256 differs: $got vs $want"; exit 1; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 repo=$PWD
 cd /tmp
-python3 -m deploy.bench.carried check /tmp/big 2> $OUT/carried_big.err | tee $OUT/carried_big.md
+python3 -m deploy.bench.carried check /tmp/$name 2> $OUT/carried_$name.err | tee $OUT/carried_$name.md
+[ "$2" = check-only ] && exit
 timeout 240 python3 -m deploy.bench.gpu resnet50 mobilenet_v2 bert_base gpt2_small vit_base \
   --dtype fp32 --batch 1 --skip-max-autotune --skip-default --runs 20 --json $OUT/fp32.json \
   2> $OUT/fp32.err | tee $OUT/fp32.md
