@@ -13,8 +13,8 @@ name=${1:-big}
 mkdir -p /tmp/parts /tmp/$name && cp .devcache/*/$name.tar.* /tmp/parts/
 echo "parts: $(ls /tmp/parts/$name.tar.* | wc -l)"
 want=$(cut -d' ' -f1 .devcache/*/SHA)
-got=$(cat /tmp/parts/$name.tar.* | tee >(tar xf - -C /tmp/$name) | sha256sum | cut -d' ' -f1)
-sleep 2
+cat /tmp/parts/$name.tar.* > /tmp/$name.tar && tar xf /tmp/$name.tar -C /tmp/$name
+got=$(sha256sum < /tmp/$name.tar | cut -d' ' -f1)
 [ "$want" = "$got" ] && echo "sha256 matches" || { echo "sha256 differs: $got vs $want"; exit 1; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo PIPFAIL
 repo=$PWD
