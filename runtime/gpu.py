@@ -4,10 +4,12 @@ At load: one device allocation holds every tensor (weights, inputs, the memory p
 outputs, the kernels' temporaries, Triton's scratch); weights are copied in once; every launch
 of the plan is prepared with its final pointers, and every input and output slot with its
 pointer, size and dtype. A run copies the inputs in (numpy: host to device; DLPack device
-tensors: device to device, ``dlpack.py``), launches the plan and copies the outputs out: to
-numpy (one stream synchronize per run), or into a slab of the ``OutputPool`` returned as
-``DeviceArray``s when the inputs were device tensors. After the first run the whole plan is
-captured in a graph and later runs replay it (``DEPLOY_CUDA_GRAPH=0`` turns that off).
+tensors: device to device, ``dlpack.py``), launches the plan and hands the outputs over: copied
+to numpy (one stream synchronize per run), or, when the inputs were device tensors, as
+``DeviceArray``s in a slab of the ``OutputPool``, which the kernels producing them wrote
+directly (a plan per slab; only outputs no kernel writes, such as an input passed through, are
+copied there). After its first run a plan is captured in a graph and later runs replay it
+(``gpu_plan.py``; ``DEPLOY_CUDA_GRAPH=0`` turns that off).
 
 Device in, device out, nothing waits on the host: the run records an event after its output
 copies; a consumer's ``__dlpack__(stream=s)`` makes ``s`` wait for it; the input tensors'
@@ -32,11 +34,12 @@ import threading
 
 import numpy as np
 
-from ..errors import ArtifactError, DeployError, InputError
+from ..errors import ArtifactError, InputError
 from . import dlpack
 from .artifact import read_artifact
 from .dlpack import DeviceArray
 from .dtypes import storage_dtype, user_dtype
+from .gpu_plan import Plan, Runner, SlabPlans
 from .gpu_pool import OutputPool
 from .specs import TensorSpec, validate_inputs
 
@@ -75,13 +78,11 @@ class GpuModule:
         self._allocate()
         for k, name in m["constants"].items():
             self.device.upload(self.ptr[int(k)], np.ascontiguousarray(contents.array(name)))
-        self._launches = self._prepare()
-        self._graph = None
-        self.graph_error = ""  # why the plan is not replayed as a CUDA graph, if it is not
-        self._runs = 0
-        self._use_graph = os.environ.get("DEPLOY_CUDA_GRAPH", "1") != "0"
+        self._runner = Runner(self.device, os.environ.get("DEPLOY_CUDA_GRAPH", "1") != "0")
+        self._plan = Plan(self._prepare(self.ptr))
         self._lock = threading.Lock()
         self._slots()
+        self._slab_plans = SlabPlans(self._runner, self._slab_plan) if self._direct else None
         dev = self.device
         self._dlpack_device = getattr(dev, "dlpack_device", None)
         cpu = self._dlpack_device is None or self._dlpack_device[0] == dlpack.CPU
@@ -97,14 +98,34 @@ class GpuModule:
         self._in_slots = [_InSlot(spec, self.ptr[vid], *self.values[vid], self._nbytes(vid))
                           for spec, vid in zip(self.input_specs, m["input_ids"])]
         self._out_slots, at = [], 0
+        direct = self._direct_outputs()
         for spec, vid in zip(self.output_specs, m["output_ids"]):
             storage, shape = self.values[vid]
             nbytes = self._nbytes(vid)
             user = user_dtype(spec.dtype) if spec.dtype == "bfloat16" else None
             self._out_slots.append(_OutSlot(self.ptr[vid], nbytes, storage, shape, spec.dtype,
-                                            user, at))
+                                            user, at, direct.get(vid)))
             at += _align(max(nbytes, 1))
         self._out_bytes = at
+        self._direct = bool(direct)
+
+    def _direct_outputs(self) -> dict[int, list[int]]:
+        """Output -> the values sharing its memory (its views), for each output that a kernel
+        writes and no other output shares: device-output runs write those into the slab."""
+        m = self.manifest
+        written = {vid for step in m["steps"] if step["kind"] == "kernel" for vid in step["outputs"]}
+        shared: dict[int, list[int]] = {}
+        for vid in self.ptr:
+            shared.setdefault(self._root(vid), []).append(vid)
+        roots = [self._root(vid) for vid in m["output_ids"]]
+        return {vid: shared[root] for vid, root in zip(m["output_ids"], roots)
+                if root in written and roots.count(root) == 1
+                and self._nbytes(root) == self._nbytes(vid)}
+
+    def _root(self, vid: int) -> int:
+        while vid in self._views:
+            vid = self._views[vid]
+        return vid
 
     # ---- memory -------------------------------------------------------------------------------
     def _nbytes(self, vid: int) -> int:
@@ -149,27 +170,50 @@ class GpuModule:
         self._bytes = at
         self._base = self.device.alloc(max(at, ALIGN))
         self.ptr = {vid: self._base + off for vid, off in offsets.items()}
+        self._views = views
         for vid, src in views.items():  # in plan order, so chains of views resolve
             self.ptr[vid] = self.ptr[src]
 
     # ---- the launch plan ---------------------------------------------------------------------
-    def _prepare(self) -> list:
+    def _prepare(self, ptr: dict[int, int]) -> list:
+        """Every launch of the plan, with the tensors at ``ptr`` (value id -> address)."""
         out = []
         for step in self.manifest["steps"]:
             if step["kind"] != "kernel":
                 continue
             plan = self.gpu["kernels"][step["symbol"]]
             for launch in plan["launches"]:
-                out.append(self._prepare_launch(step, launch))
+                out.append(self._prepare_launch(step, launch, ptr))
         return out
 
-    def _prepare_launch(self, step: dict, launch: dict):
+    def _slab_plan(self, slab_ptr: int) -> Plan:
+        """The plan with each direct output (and its views) at its place in the slab."""
+        ptr = dict(self.ptr)
+        for o in self._out_slots:
+            for vid in o.shared or ():
+                ptr[vid] = slab_ptr + o.offset
+        return Plan(self._prepare(ptr))
+
+    @property
+    def _launches(self) -> list:
+        return self._plan.launches
+
+    @property
+    def _graph(self):
+        return self._plan.graph
+
+    @property
+    def graph_error(self) -> str:
+        """Why the plan is not replayed as a CUDA graph, if it is not."""
+        return self._runner.graph_error
+
+    def _prepare_launch(self, step: dict, launch: dict, ptr: dict[int, int]):
         args = []
         for ref in launch["args"]:
             if "in" in ref:
-                args.append(self.ptr[step["inputs"][ref["in"]]])
+                args.append(ptr[step["inputs"][ref["in"]]])
             elif "out" in ref:
-                args.append(self.ptr[step["outputs"][ref["out"]]])
+                args.append(ptr[step["outputs"][ref["out"]]])
             else:
                 args.append(self._base + self._scratch + int(ref["temp"]))
         trailing = int(launch["params"]) - len(args)
@@ -203,8 +247,8 @@ class GpuModule:
             if self._kept and self._pool.query():
                 self._kept.clear()  # earlier runs' input copies are done: let the producers go
             keep = self._copy_in(items, device_in)
-            self._execute()
             if not device_out:
+                self._runner.run(self._plan)
                 return self._host_outputs()  # synchronizes: inputs copied, outputs complete
             outs = self._device_outputs()
             if len(keep) == len(items) and self._pool.events:
@@ -249,15 +293,21 @@ class GpuModule:
         return outs
 
     def _device_outputs(self) -> list:
-        """Every output copied into one slab of the output pool (reused once released)."""
+        """Runs the plan with the outputs in one slab of the output pool (reused once released):
+        the kernels producing outputs write there, the other outputs are copied in."""
         pool = self._pool
         if pool is None:
             pool = self._pool = OutputPool(self.device, self._out_bytes)
         slab = pool.take(len(self._out_slots))
+        if self._slab_plans is None:
+            self._runner.run(self._plan)
+        else:
+            self._slab_plans.run(slab.ptr)
         copy, base, where, download = self.device.copy, slab.ptr, self._dlpack_device, self._download
         outs = []
         for o in self._out_slots:
-            copy(base + o.offset, o.ptr, o.nbytes)
+            if o.shared is None or self._slab_plans is None:
+                copy(base + o.offset, o.ptr, o.nbytes)
             outs.append(DeviceArray._owned(base + o.offset, o.shape, o.dtype, where, slab, download))
         pool.written()
         return outs
@@ -326,21 +376,6 @@ class GpuModule:
                              f"{list(v.shape)} (the artifact is compiled for fixed shapes)")
         return v
 
-    def _execute(self) -> None:
-        dev = self.device
-        if self._graph is not None:
-            dev.replay(self._graph)
-            return
-        for launch in self._launches:
-            dev.launch(launch)
-        self._runs += 1
-        if self._runs == 1 and self._use_graph and self._launches:
-            try:
-                self._graph = dev.capture(lambda: [dev.launch(x) for x in self._launches])
-            except (DeployError, AttributeError) as e:  # no graphs here: launch one by one
-                self._use_graph = False
-                self.graph_error = str(e)
-
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.input_specs))
         outs = ", ".join(map(str, self.output_specs))
@@ -356,12 +391,13 @@ class _InSlot:
 
 
 class _OutSlot:
-    __slots__ = ("dtype", "nbytes", "offset", "ptr", "shape", "storage", "user")
+    __slots__ = ("dtype", "nbytes", "offset", "ptr", "shape", "shared", "storage", "user")
 
     def __init__(self, ptr: int, nbytes: int, storage: np.dtype, shape: tuple, dtype: str,
-                 user: np.dtype | None, offset: int):
+                 user: np.dtype | None, offset: int, shared: list[int] | None):
         self.ptr, self.nbytes, self.storage, self.shape = ptr, nbytes, storage, shape
         self.dtype, self.user, self.offset = dtype, user, offset  # offset: in a pool slab
+        self.shared = shared  # written in the slab by its kernel: the values at its address
 
 
 def _static(shape, vid, path) -> tuple[int, ...]:
