@@ -82,7 +82,7 @@ class GpuModule:
         self._plan = Plan(self._prepare(self.ptr))
         self._lock = threading.Lock()
         self._slots()
-        self._slab_plans = SlabPlans(self._runner, self._slab_plan) if self._direct else None
+        self._slab_plans = SlabPlans(self._runner) if self._direct else None
         dev = self.device
         self._dlpack_device = getattr(dev, "dlpack_device", None)
         cpu = self._dlpack_device is None or self._dlpack_device[0] == dlpack.CPU
@@ -302,7 +302,7 @@ class GpuModule:
         if self._slab_plans is None:
             self._runner.run(self._plan)
         else:
-            self._slab_plans.run(slab.ptr)
+            self._slab_plans.run(slab.ptr, self._slab_plan)
         copy, base, where, download = self.device.copy, slab.ptr, self._dlpack_device, self._download
         outs = []
         for o in self._out_slots:

@@ -56,14 +56,16 @@ class Runner:
 class SlabPlans:
     """Plans writing the outputs into an output slab, by slab address (module docstring)."""
 
-    def __init__(self, runner: Runner, make):
-        self.runner, self.make = runner, make  # make(slab address) -> Plan
+    def __init__(self, runner: Runner):
+        self.runner = runner
         self.plans: OrderedDict[int, Plan] = OrderedDict()
 
-    def run(self, slab_ptr: int) -> None:
+    def run(self, slab_ptr: int, make) -> None:
+        """Run the plan of the slab at ``slab_ptr``; ``make(slab_ptr)`` makes a missing one (an
+        argument, not an attribute: the module holding this would be in a reference cycle)."""
         plan = self.plans.get(slab_ptr)
         if plan is None:
-            plan = self.plans[slab_ptr] = self.make(slab_ptr)
+            plan = self.plans[slab_ptr] = make(slab_ptr)
             if len(self.plans) > MAX_SLAB_PLANS:
                 self.runner.drop(self.plans.popitem(last=False)[1])
         else:

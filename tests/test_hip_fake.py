@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+import weakref
 
 import deploy
 import numpy as np
@@ -628,4 +629,7 @@ def test_outputs_no_kernel_writes_are_copied_into_the_slab(tmp_path, fake):
         np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-5, atol=1e-5)
     copies = [c["dst"] for c in fake.named("dtod")][1:]  # after the input's
     assert sorted(copies) == sorted([s.ptr, xo.ptr, s2.ptr])
+    gone = weakref.ref(mod)
+    del mod, y, s, xo, s2, ours  # (the outputs refer to the module: their .numpy() uses its stream)
+    assert gone() is None  # no reference cycle keeps a module (and its device memory) alive
 
