@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import itertools
 import math
+import sys
 from ctypes import (
     CFUNCTYPE,
     POINTER,
@@ -127,6 +128,14 @@ def dlpack_device(obj) -> tuple[int, int] | None:
         return None
     dev = fn()
     return int(dev[0]), int(dev[1])
+
+
+def torch_of(obj):
+    """The torch module when ``obj`` is a ``torch.Tensor`` (torch imported by the caller; the
+    runtime never imports it), else None."""
+    torch = sys.modules.get("torch")
+    tensor = getattr(torch, "Tensor", None)
+    return torch if tensor is not None and isinstance(obj, tensor) else None
 
 
 def view(obj, stream: int | None, what: str = "tensor") -> View:
