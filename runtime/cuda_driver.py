@@ -43,6 +43,10 @@ SIGNATURES = {
     "cuStreamEndCapture": [P, POINTER(P)],
     "cuGraphInstantiateWithFlags": [POINTER(P), P, ctypes.c_ulonglong],
     "cuGraphLaunch": [P, P],
+    "cuGraphDestroy": [P],
+    "cuGraphExecDestroy": [P],
+    "cuModuleUnload": [P],
+    "cuStreamDestroy_v2": [P],
     "cuEventCreate": [POINTER(P), c_uint],
     "cuEventRecord": [P, P],
     "cuEventQuery": [P],
@@ -95,6 +99,8 @@ class CudaDevice(DriverDevice):
         "event_create": "cuEventCreate", "event_record": "cuEventRecord",
         "event_query": "cuEventQuery", "event_sync": "cuEventSynchronize",
         "event_destroy": "cuEventDestroy_v2", "stream_wait": "cuStreamWaitEvent",
+        "graph_destroy": "cuGraphDestroy", "graph_exec_destroy": "cuGraphExecDestroy",
+        "module_unload": "cuModuleUnload", "stream_destroy": "cuStreamDestroy_v2",
     }
     # DLPack on CUDA: None and 1 name the legacy default stream (CU_STREAM_LEGACY), 2 the
     # per-thread one (CU_STREAM_PER_THREAD); 0 is disallowed by the standard, read as legacy

@@ -209,8 +209,26 @@ class DriverDevice:
         finally:
             self._call("end_capture", self.stream, byref(graph))
         exe = P()
-        self._call("instantiate", byref(exe), graph, 0)
+        try:
+            self._call("instantiate", byref(exe), graph, 0)
+        finally:
+            if self._fns.get("graph_destroy") is not None:
+                self._call("graph_destroy", graph)  # the executable graph does not need it
         return exe
+
+    def destroy_graph(self, exe) -> None:
+        self._call("graph_exec_destroy", exe)
+
+    def close(self) -> None:
+        """Unload the kernels' modules and destroy the stream, once its work is done. Memory
+        and events are freed by their owners; the (primary) context stays: output slabs may
+        outlive the module that filled them."""
+        self.activate()
+        self.synchronize()
+        for module in self._modules.values():
+            self._call("module_unload", module)
+        self._modules.clear()
+        self._call("stream_destroy", self.stream)
 
     def replay(self, graph) -> None:
         self._call("graph_launch", graph, self.stream)

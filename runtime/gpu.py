@@ -34,7 +34,7 @@ import threading
 
 import numpy as np
 
-from ..errors import ArtifactError, InputError
+from ..errors import ArtifactError, DeployError, InputError
 from . import dlpack
 from .artifact import read_artifact
 from .dlpack import DeviceArray
@@ -71,6 +71,7 @@ class GpuModule:
         self.output_specs = [TensorSpec.from_json(d) for d in m["outputs"]]
         self.values = {int(k): (storage_dtype(v["dtype"]), _static(v["shape"], k, path))
                        for k, v in m["values"].items()}
+        self._closed, self._own_device = False, device is None
         self.device = device if device is not None else default_device(self.gpu, path)
         self.device.activate()
         self.device.load(self.gpu, contents.members)
@@ -246,6 +247,7 @@ class GpuModule:
                              "numpy arrays only")
         dev = self.device
         with self._lock:  # the stream and the arena are shared; and no capture sees others' work
+            self._check_open()
             dev.activate()
             if self._kept and self._pool.query():
                 self._kept.clear()  # earlier runs' input copies are done: let the producers go
@@ -318,6 +320,8 @@ class GpuModule:
 
     def _download(self, ptr: int, host: np.ndarray) -> None:
         with self._lock:  # the stream is shared: not while a run captures a graph on it
+            self._check_open("read an output with .numpy(); torch.from_dlpack(output) still "
+                             "reads it")
             self.device.activate()
             self.device.download(ptr, host)
             self.device.synchronize()
@@ -400,6 +404,43 @@ class GpuModule:
             raise InputError(f"input '{spec.name}': expected shape {list(spec.shape)}, got "
                              f"{list(v.shape)} (the artifact is compiled for fixed shapes)")
         return v
+
+    # ---- lifetime -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Give the module's device memory, CUDA graphs, kernels and stream back now (once its
+        queued work is done); dropping the module and every output it returned does the same.
+        Outputs already returned as DeviceArrays stay valid (the output pool owns them)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            dev = self.device
+            dev.activate()
+            dev.synchronize()
+            self._kept.clear()
+            plans = self._slab_plans.plans.values() if self._slab_plans else ()
+            for plan in (self._plan, *plans):
+                self._runner.drop(plan)
+            if self._producer_event is not None:
+                dev.destroy_event(self._producer_event)
+            if hasattr(dev, "free"):
+                dev.free(self._base)
+            if self._own_device and hasattr(dev, "close"):
+                dev.close()
+
+    def _check_open(self, what: str = "run it") -> None:
+        if self._closed:
+            raise DeployError(f"{self.path}: this module was closed; cannot {what}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):  # half-made modules, or the driver gone at exit
+            self.close()
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.input_specs))

@@ -42,6 +42,10 @@ SIGNATURES = {
     "hipStreamEndCapture": [P, POINTER(P)],
     "hipGraphInstantiateWithFlags": [POINTER(P), P, ctypes.c_ulonglong],
     "hipGraphLaunch": [P, P],
+    "hipGraphDestroy": [P],
+    "hipGraphExecDestroy": [P],
+    "hipModuleUnload": [P],
+    "hipStreamDestroy": [P],
     "hipEventCreateWithFlags": [POINTER(P), c_uint],
     "hipEventRecord": [P, P],
     "hipEventQuery": [P],
@@ -98,7 +102,9 @@ class HipDevice(DriverDevice):
         "graph_launch": "hipGraphLaunch", "event_create": "hipEventCreateWithFlags",
         "event_record": "hipEventRecord", "event_query": "hipEventQuery",
         "event_sync": "hipEventSynchronize", "event_destroy": "hipEventDestroy",
-        "stream_wait": "hipStreamWaitEvent",
+        "stream_wait": "hipStreamWaitEvent", "graph_destroy": "hipGraphDestroy",
+        "graph_exec_destroy": "hipGraphExecDestroy", "module_unload": "hipModuleUnload",
+        "stream_destroy": "hipStreamDestroy",
     }
     # DLPack on ROCm: None and 0 name the default (null) stream
     DEFAULT_STREAMS: ClassVar[dict] = {None: 0, 0: 0}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ArtifactError, InputError
+from ..errors import ArtifactError, DeployError, InputError
 from .artifact import aligned_array, aligned_empty, read_artifact
 from .dtypes import storage_dtype, user_dtype
 from .gpu import GpuModule, is_gpu_artifact
@@ -107,9 +107,12 @@ class Module:
         """Run on ``inputs`` (dict name -> array, or list in input order); outputs in order."""
         if self._variants:
             return self._variant_for(inputs).run(inputs)
+        pool = self._pool  # (a close() meanwhile lets this run finish)
+        if pool is None:
+            raise DeployError(f"{self.path}: this module was closed; cannot run it")
         arrays = self._exact_inputs(inputs) or validate_inputs(self.input_specs, inputs)
         try:
-            ws = self._pool.pop()
+            ws = pool.pop()
         except IndexError:
             ws = self._new_workspace()
         try:
@@ -118,11 +121,24 @@ class Module:
             else:
                 outs = self._run_steps(ws, arrays)
         finally:
-            self._pool.append(ws)
+            pool.append(ws)
         if self._bf16_outputs:
             return [o.view(user_dtype(spec.dtype)) if spec.dtype == "bfloat16" else o
                     for o, spec in zip(outs, self.output_specs)]
         return outs
+
+    def close(self) -> None:
+        """Drop the module's workspaces now (GPU modules give their device memory back: the
+        same call there); the module cannot run afterwards. ``with deploy.load(p) as m:``."""
+        for variant in self._variants:
+            variant.close()
+        self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _exact_inputs(self, inputs) -> list[np.ndarray] | None:
         """The common case without validate_inputs' conversions: contiguous numpy arrays of the

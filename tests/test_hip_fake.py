@@ -48,6 +48,10 @@ SYMBOLS = {
     "hipStreamEndCapture": "end_capture", "cuStreamEndCapture": "end_capture",
     "hipGraphInstantiateWithFlags": "instantiate", "cuGraphInstantiateWithFlags": "instantiate",
     "hipGraphLaunch": "graph_launch", "cuGraphLaunch": "graph_launch",
+    "hipGraphDestroy": "graph_destroy", "cuGraphDestroy": "graph_destroy",
+    "hipGraphExecDestroy": "graph_exec_destroy", "cuGraphExecDestroy": "graph_exec_destroy",
+    "hipModuleUnload": "module_unload", "cuModuleUnload": "module_unload",
+    "hipStreamDestroy": "stream_destroy", "cuStreamDestroy_v2": "stream_destroy",
     "hipEventCreateWithFlags": "event_create", "cuEventCreate": "event_create",
     "hipEventRecord": "event_record", "cuEventRecord": "event_record",
     "hipEventQuery": "event_query", "cuEventQuery": "event_query",
@@ -88,6 +92,7 @@ class FakeDriver:
         self.executed: list[dict] = []  # launches that ran (directly or by graph replay)
         self._capturing: list | None = None
         self._graphs: dict[int, list] = {}
+        self.destroyed: set[int] = set()  # graph execs and streams
 
     def __getattr__(self, symbol: str):
         if symbol not in SYMBOLS:
@@ -257,7 +262,22 @@ class FakeDriver:
         _set(out, _int(graph) + 0x100)
         return {"graph": _int(graph)}
 
+    def _graph_destroy(self, graph):
+        return {"graph": _int(graph)}  # instantiated copies stay valid, as in CUDA
+
+    def _graph_exec_destroy(self, exe):
+        self.destroyed.add(_int(exe))
+        return {"exe": _int(exe)}
+
+    def _module_unload(self, module):
+        return {"module": _int(module)}
+
+    def _stream_destroy(self, stream):
+        self.destroyed.add(_int(stream))
+        return {"stream": _int(stream)}
+
     def _graph_launch(self, exe, stream):
+        assert _int(exe) not in self.destroyed and _int(stream) not in self.destroyed
         for rec in self._graphs[_int(exe) - 0x100]:
             self._execute(rec)
         return {"exe": _int(exe), "stream": _int(stream)}
@@ -633,4 +653,35 @@ def test_outputs_no_kernel_writes_are_copied_into_the_slab(tmp_path, fake):
     gone = weakref.ref(mod)
     del mod, y, s, xo, s2, ours  # (the outputs refer to the module: their .numpy() uses its stream)
     assert gone() is None  # no reference cycle keeps a module (and its device memory) alive
+
+
+def test_close_gives_everything_back_and_outputs_stay(artifact, fake):
+    """close(): the arena freed, every graph and module and the stream destroyed after a
+    synchronize; the DeviceArrays already returned stay (the pool owns them); using the module
+    afterwards is a clear error. Dropping the module and its outputs closes it too."""
+    mod = deploy.load(artifact)
+    x = RNG.standard_normal((16, 32)).astype(np.float32)
+    mod.run({"x": x})  # the module's own plan and graph
+    y, _s = mod.run({"x": on_device(mod, x)})  # a slab plan and its graph
+    arena = mod._base
+    mod.close()
+    assert arena not in fake.allocations and y.ptr in fake.allocations
+    assert fake.named("sync")[-1] == {"stream": STREAM}
+    execs = {d["graph"] + 0x100 for d in fake.named("instantiate")}
+    assert len(execs) == 2 and execs | {STREAM} <= fake.destroyed
+    assert len(fake.named("module_unload")) == len(fake.images)
+    assert len(fake.named("graph_destroy")) == 2  # the templates, right after instantiation
+    with pytest.raises(DeployError, match="this module was closed; cannot run it"):
+        mod.run({"x": x})
+    with pytest.raises(DeployError, match=r"closed; cannot read an output with \.numpy\(\)"):
+        y.numpy()
+    mod.close()  # twice: nothing more
+    with deploy.load(artifact) as other:
+        other.run({"x": x})
+        base = other._base
+    assert base not in fake.allocations
+    third = deploy.load(artifact)
+    base = third._base
+    del third
+    assert base not in fake.allocations  # no reference cycle: freed when dropped
 

@@ -121,3 +121,16 @@ def test_host_op_plans_share_the_pool(tmp_path):
         t.join()
     assert not errors, errors[0]
     assert 1 <= mod.workspaces_made <= len(xs)
+
+
+def test_close_and_the_with_statement(tmp_path):
+    from deploy.errors import DeployError
+    model = mlp_with_view_output()
+    path = deploy.compile(model).save(tmp_path / "m.dpk")
+    x = rand(*X)
+    with deploy.load(path) as mod:
+        y = mod.run({"x": x})[0]
+    np.testing.assert_allclose(y, run_ort(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    with pytest.raises(DeployError, match="this module was closed; cannot run it"):
+        mod.run({"x": x})
+    mod.close()  # again: nothing
