@@ -224,9 +224,12 @@ def test_close_gives_the_device_memory_back(tmp_path):
     """Modules loaded and closed in a loop do not grow the device's used memory; outputs
     returned before close() stay readable through DLPack."""
     torch = cuda_torch()
-    model = mlp(batch=256)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["h"]),
+                        helper.make_node("Relu", ["h"], ["y"])],
+                       [("x", np.float32, [256, 1024])], [("y", np.float32, [256, 1024])],
+                       initializers={"w": rand(1024, 1024) * 0.03})  # 4 MB of weights
     path, mod = compiled(model, tmp_path)
-    x = rand(256, 64)
+    x = rand(256, 1024)
     kept = torch.from_dlpack(mod.run({"x": torch.from_numpy(x).cuda()})[0])
     mod.close()
     torch.cuda.synchronize()
@@ -237,9 +240,9 @@ def test_close_gives_the_device_memory_back(tmp_path):
             m.run({"x": x})
             m.run({"x": torch.from_numpy(x).cuda()})
     free_after, _ = torch.cuda.mem_get_info()
-    assert free_before - free_after < 8 << 20, (free_before, free_after)
+    assert free_before - free_after < 16 << 20, (free_before, free_after)  # 20 x 4 MB if kept
     np.testing.assert_allclose(kept.cpu().numpy(), run_ort(model, {"x": x})[0], rtol=1e-4,
-                               atol=1e-5)
+                               atol=1e-4)
 
 
 def test_dlpack_waits_for_the_producers_stream(tmp_path):
