@@ -128,6 +128,8 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
         (dump / "00-import.txt").write_text(print_graph(graph))
     graph, pass_stats = run_pipeline(graph, tgt, dump, {"dtype": half})
     lap("optimize")
+    if tgt.backend == "triton":
+        _check_gpu_dtypes(graph, tgt)
     plan = _plan(graph)
     memory = _plan_memory(graph, plan)
     if tgt.backend == "triton":
@@ -196,6 +198,20 @@ def _check_supported(tgt: Target, tune: str) -> None:
         raise TargetError(f"target {tgt.name} generates {tgt.triple} code but this machine is "
                           f"{host}: set CC to a cross compiler (e.g. CC={tgt.triple}-gcc), or "
                           "use --target host")
+
+
+def _check_gpu_dtypes(graph: Graph, tgt: Target) -> None:
+    """The float8 family, float4e2m1 and the 4- and 2-bit integers run on CPU targets only (yet):
+    every node that still computes on them after optimization, at once. (Constant ones, such as
+    DequantizeLinear of int4 weights, are folded away and do not count.)"""
+    bad = [f"'{n.name}' ({n.op.name}): {v.type}" for n in graph.nodes
+           for v in (*n.inputs, *n.outputs) if v is not None and v.type.dtype.is_narrow]
+    bad += [f"input '{v.name}': {v.type}" for v in graph.inputs if v.type.dtype.is_narrow]
+    if bad:
+        raise NotImplementedYetError(
+            f"target {tgt.name}: the Triton backend has no float8/float4/int4/int2 element types "
+            f"yet (CPU targets have them); {len(bad)} value(s) use them:\n  - " + "\n  - ".join(
+                dict.fromkeys(bad)))
 
 
 def _precision_settings(tgt: Target, options: dict):

@@ -31,12 +31,36 @@ class DType(enum.Enum):
     uint32 = ("uint32", "uint32_t", 12)
     uint64 = ("uint64", "uint64_t", 13)
     bfloat16 = ("uint16", "uint16_t", 16)  # stored as raw bits; computed in float32
+    # 8-, 4- and 2-bit types: one element per byte, its raw bits (the low 4 or 2 for the narrow
+    # integers, as ml_dtypes stores them), computed in float32 / int32; numpy sees them as
+    # ml_dtypes' types
+    float8e4m3fn = ("uint8", "uint8_t", 17)
+    float8e4m3fnuz = ("uint8", "uint8_t", 18)
+    float8e5m2 = ("uint8", "uint8_t", 19)
+    float8e5m2fnuz = ("uint8", "uint8_t", 20)
+    uint4 = ("uint8", "uint8_t", 21)
+    int4 = ("uint8", "uint8_t", 22)
+    float4e2m1 = ("uint8", "uint8_t", 23)
+    uint2 = ("uint8", "uint8_t", 25)
+    int2 = ("uint8", "uint8_t", 26)
 
     @property
     def np(self) -> np.dtype:
         if self is DType.bfloat16:
             return _BF16
+        if self in _ML:
+            return _ML[self]
         return np.dtype(self.value[0])
+
+    @property
+    def is_narrow(self) -> bool:
+        """Fewer than 16 bits, other than the numpy-native int8/uint8/bool: the float8 family,
+        float4e2m1 and the 4- and 2-bit integers."""
+        return self.onnx >= 17
+
+    @property
+    def bits(self) -> int:
+        return NARROW_BITS.get(self, 8 * self.itemsize)
 
     @property
     def c_type(self) -> str | None:
@@ -48,7 +72,8 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.float16, DType.float32, DType.float64, DType.bfloat16)
+        return self in (DType.float16, DType.float32, DType.float64, DType.bfloat16) or (
+            self.is_narrow and self.name.startswith("float"))
 
     @property
     def is_int(self) -> bool:
@@ -60,7 +85,7 @@ class DType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        return 2 if self is DType.bfloat16 else self.np.itemsize
+        return 2 if self is DType.bfloat16 else np.dtype(self.value[0]).itemsize
 
     @staticmethod
     def from_np(dt) -> DType:
@@ -87,10 +112,27 @@ def _bfloat16_dtype() -> np.dtype:
         return np.dtype("uint16")
 
 
+def _narrow_dtypes() -> dict:
+    """ml_dtypes' numpy types of the narrow DTypes (none without ml_dtypes: raw bytes)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return {}
+    names = {"float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
+             "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz",
+             "float4e2m1": "float4_e2m1fn", "int4": "int4", "uint4": "uint4", "int2": "int2",
+             "uint2": "uint2"}
+    return {DType[k]: np.dtype(getattr(ml_dtypes, v)) for k, v in names.items()
+            if hasattr(ml_dtypes, v)}
+
+
+NARROW_BITS = {DType.int4: 4, DType.uint4: 4, DType.float4e2m1: 4, DType.int2: 2, DType.uint2: 2}
 _BF16 = _bfloat16_dtype()
-_FROM_NP = {d.np: d for d in DType if d is not DType.bfloat16}
+_ML = _narrow_dtypes()
+_FROM_NP = {d.np: d for d in DType if d is not DType.bfloat16 and not d.is_narrow}
 if _BF16.name == "bfloat16":
     _FROM_NP[_BF16] = DType.bfloat16
+_FROM_NP.update({v: k for k, v in _ML.items()})
 _FROM_ONNX = {d.onnx: d for d in DType}
 
 

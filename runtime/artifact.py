@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ArtifactError
+from .dtypes import RAW
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -38,8 +39,8 @@ def aligned_array(shape, dtype) -> np.ndarray:
 
 
 def array_bytes(arr: np.ndarray) -> bytes:
-    if arr.dtype.name == "bfloat16":
-        arr = arr.view(np.uint16)  # .npy has no bfloat16: store the bits
+    if arr.dtype.name in RAW:  # ml_dtypes' types: .npy has none of them, so store the bits
+        arr = arr.view(RAW[arr.dtype.name])
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(arr).reshape(np.shape(arr)), allow_pickle=False)
     return buf.getvalue()

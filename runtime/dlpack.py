@@ -278,10 +278,10 @@ class DeviceArray:
         """A host copy (numpy)."""
         if self._download is None:
             raise InputError("this DeviceArray has no host copy function")
-        from .dtypes import user_dtype
+        from .dtypes import is_raw, user_dtype
         host = np.empty(self.shape, "uint16" if self.dtype == "bfloat16" else self.dtype)
         self._download(self.ptr, host)
-        return host.view(user_dtype(self.dtype)) if self.dtype == "bfloat16" else host
+        return host.view(user_dtype(self.dtype)) if is_raw(self.dtype) else host
 
     def __del__(self):
         owner, self._owner = self._owner, None

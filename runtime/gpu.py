@@ -38,7 +38,7 @@ from ..errors import ArtifactError, DeployError, InputError
 from . import dlpack
 from .artifact import read_artifact
 from .dlpack import DeviceArray
-from .dtypes import storage_dtype, user_dtype
+from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu_plan import Plan, Runner, SlabPlans
 from .gpu_pool import OutputPool
 from .specs import TensorSpec, validate_inputs
@@ -106,7 +106,7 @@ class GpuModule:
         for spec, vid in zip(self.output_specs, m["output_ids"]):
             storage, shape = self.values[vid]
             nbytes = self._nbytes(vid)
-            user = user_dtype(spec.dtype) if spec.dtype == "bfloat16" else None
+            user = user_dtype(spec.dtype) if is_raw(spec.dtype) else None
             self._out_slots.append(_OutSlot(self.ptr[vid], nbytes, storage, shape, spec.dtype,
                                             user, at, direct.get(vid)))
             at += _align(max(nbytes, 1))

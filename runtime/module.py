@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ArtifactError, DeployError, InputError
 from .artifact import aligned_array, aligned_empty, read_artifact
-from .dtypes import storage_dtype, user_dtype
+from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu import GpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
 from .specs import TensorSpec, validate_inputs
@@ -77,7 +77,7 @@ class Module:
         self._input_ids = list(m["input_ids"])
         self._input_checks = [(s.name, storage_dtype(s.dtype), tuple(s.shape))
                               for s in self.input_specs]
-        self._bf16_outputs = any(s.dtype == "bfloat16" for s in self.output_specs)
+        self._raw_outputs = any(is_raw(s.dtype) for s in self.output_specs)
         self._pool: collections.deque[Workspace] = collections.deque()
         self._pool_lock = threading.Lock()
         self.workspaces_made = 0  # how many arenas this module has allocated (one per concurrent run)
@@ -122,8 +122,8 @@ class Module:
                 outs = self._run_steps(ws, arrays)
         finally:
             pool.append(ws)
-        if self._bf16_outputs:
-            return [o.view(user_dtype(spec.dtype)) if spec.dtype == "bfloat16" else o
+        if self._raw_outputs:
+            return [o.view(user_dtype(spec.dtype)) if is_raw(spec.dtype) else o
                     for o, spec in zip(outs, self.output_specs)]
         return outs
 

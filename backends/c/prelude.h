@@ -26,6 +26,68 @@ static inline uint16_t dp_f32_to_bf16(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even */
     return (uint16_t)(u >> 16);
 }
+/* Narrow floats (one per byte, raw bits): eb exponent bits, mb mantissa bits, bias, and how the
+   top of the range reads. DP_IEEE: all-ones exponent is inf/NaN (float8e5m2); DP_FN: only
+   S.1111.111 is NaN, no inf (float8e4m3fn); DP_FNUZ: 0x80 is the one NaN, no inf, no -0
+   (float8e4m3fnuz, float8e5m2fnuz); DP_SAT: no inf/NaN, overflow saturates (float4e2m1).
+   Encoding rounds to nearest even and does not saturate (as ml_dtypes' astype): ONNX's
+   saturating Cast clamps before it. NaN to float4e2m1 gives a zero of the opposite sign, as
+   ml_dtypes has it. */
+enum { DP_IEEE, DP_FN, DP_FNUZ, DP_SAT };
+static inline float dp_narrow_to_f32(uint32_t b, int eb, int mb, int bias, int kind) {
+    uint32_t sign = (b >> (eb + mb)) & 1u, e = (b >> mb) & ((1u << eb) - 1u), m = b & ((1u << mb) - 1u);
+    if (kind == DP_FNUZ && b == (1u << (eb + mb))) return NAN;
+    if (kind == DP_FN && e == (1u << eb) - 1u && m == (1u << mb) - 1u) return sign ? -NAN : NAN;
+    if (kind == DP_IEEE && e == (1u << eb) - 1u) return m ? (sign ? -NAN : NAN) : (sign ? -INFINITY : INFINITY);
+    float v = e ? ldexpf((float)(m | (1u << mb)), (int)e - bias - mb) : ldexpf((float)m, 1 - bias - mb);
+    return sign ? -v : v;
+}
+static inline uint8_t dp_f32_to_narrow(float f, int eb, int mb, int bias, int kind) {
+    uint32_t sign = signbit(f) ? 1u << (eb + mb) : 0u, emax = (1u << eb) - 1u, mmax = (1u << mb) - 1u;
+    if (isnan(f)) return (uint8_t)(kind == DP_FNUZ ? 0x80u : kind == DP_FN ? sign | (emax << mb) | mmax
+                                   : kind == DP_IEEE ? sign | (emax << mb) | (1u << (mb - 1)) : sign ^ (1u << (eb + mb)));
+    float a = fabsf(f);
+    uint32_t bits;
+    if (isinf(a)) {
+        bits = 0xffffffffu;  /* overflows below */
+    } else {
+        int k; frexpf(a, &k);  /* a = fr * 2^k, fr in [0.5, 1) */
+        int e = a == 0.0f ? 0 : k - 1 + bias;  /* biased exponent of a */
+        if (e <= 0) {  /* subnormal: multiples of 2^(1 - bias - mb) */
+            bits = (uint32_t)rintf(ldexpf(a, bias - 1 + mb));
+        } else {
+            uint32_t n = (uint32_t)rintf(ldexpf(a, mb - (e - bias)));  /* in [2^mb, 2^(mb+1)] */
+            if (n >> (mb + 1)) { n >>= 1; e += 1; }
+            bits = ((uint32_t)e << mb) | (n & mmax);
+        }
+    }
+    uint32_t e = bits >> mb, m = bits & mmax;
+    int over = bits == 0xffffffffu || (kind == DP_IEEE ? e >= emax : kind == DP_FN
+               ? (e > emax || (e == emax && m == mmax)) : e > emax);
+    if (over) {
+        if (kind == DP_IEEE) return (uint8_t)(sign | (emax << mb));          /* inf */
+        if (kind == DP_FN) return (uint8_t)(sign | (emax << mb) | mmax);     /* NaN */
+        if (kind == DP_FNUZ) return 0x80u;                                   /* NaN */
+        return (uint8_t)(sign | (emax << mb) | mmax);                        /* max */
+    }
+    if (kind == DP_FNUZ && bits == 0) return 0;  /* no negative zero */
+    return (uint8_t)(sign | bits);
+}
+#define dp_f8e4m3fn_to_f32(b) dp_narrow_to_f32((b), 4, 3, 7, DP_FN)
+#define dp_f32_to_f8e4m3fn(f) dp_f32_to_narrow((f), 4, 3, 7, DP_FN)
+#define dp_f8e4m3fnuz_to_f32(b) dp_narrow_to_f32((b), 4, 3, 8, DP_FNUZ)
+#define dp_f32_to_f8e4m3fnuz(f) dp_f32_to_narrow((f), 4, 3, 8, DP_FNUZ)
+#define dp_f8e5m2_to_f32(b) dp_narrow_to_f32((b), 5, 2, 15, DP_IEEE)
+#define dp_f32_to_f8e5m2(f) dp_f32_to_narrow((f), 5, 2, 15, DP_IEEE)
+#define dp_f8e5m2fnuz_to_f32(b) dp_narrow_to_f32((b), 5, 2, 16, DP_FNUZ)
+#define dp_f32_to_f8e5m2fnuz(f) dp_f32_to_narrow((f), 5, 2, 16, DP_FNUZ)
+#define dp_f4e2m1_to_f32(b) dp_narrow_to_f32((b), 2, 1, 1, DP_SAT)
+#define dp_f32_to_f4e2m1(f) dp_f32_to_narrow((f), 2, 1, 1, DP_SAT)
+/* 4- and 2-bit integers: the low bits, sign-extended (int) or not (uint), as a C cast wraps;
+   float sources truncate toward zero, NaN and infinities give 0 (as ml_dtypes' astype) */
+static inline int64_t dp_f2i(double f) { return isfinite(f) ? (int64_t)f : 0; }
+static inline int32_t dp_wrap_s(int64_t v, int bits) { int64_t m = (1ll << bits) - 1; v &= m; return (int32_t)(v >> (bits - 1) ? v - m - 1 : v); }
+static inline int32_t dp_wrap_u(int64_t v, int bits) { return (int32_t)(v & ((1ll << bits) - 1)); }
 /* NaN-propagating max/min; | (not ||) keeps them branch-free, so they vectorize */
 #define DP_MAX(a, b) (((a) > (b)) | ((a) != (a)) ? (a) : (b))
 #define DP_MIN(a, b) (((a) < (b)) | ((a) != (a)) ? (a) : (b))

@@ -89,13 +89,26 @@ INT_LIMITS = {
 }
 
 
+# narrow floats: stored as raw bits, loaded and stored through the prelude's converters
+NARROW_FLOAT = {DType.float8e4m3fn: "f8e4m3fn", DType.float8e4m3fnuz: "f8e4m3fnuz",
+                DType.float8e5m2: "f8e5m2", DType.float8e5m2fnuz: "f8e5m2fnuz",
+                DType.float4e2m1: "f4e2m1"}
+
+
 def compute_type(dtype: DType) -> str:
     """The C type arithmetic on ``dtype`` happens in."""
-    if dtype in (DType.float16, DType.bfloat16):
+    if dtype in (DType.float16, DType.bfloat16) or dtype in NARROW_FLOAT:
         return "float"
+    if dtype.is_narrow:
+        return "int32_t"  # 4- and 2-bit integers
     if dtype.c_type is None:
         raise NotImplementedError(f"dtype {dtype.name} has no C representation")
     return dtype.c_type
+
+
+def _wrap(dtype: DType, value: str) -> str:
+    """An integer value to a 4- or 2-bit integer type: its low bits, as a C cast wraps."""
+    return f"dp_wrap_{'s' if dtype.is_signed else 'u'}((int64_t)({value}), {dtype.bits})"
 
 
 def _fsuffix(dtype: DType) -> str:
@@ -455,6 +468,10 @@ class CRenderer:
     def _load_value(self, buf: Buffer, raw: str) -> str:
         if buf.dtype is DType.bfloat16:
             return f"dp_bf16_to_f32({raw})"
+        if buf.dtype in NARROW_FLOAT:
+            return f"dp_{NARROW_FLOAT[buf.dtype]}_to_f32({raw})"
+        if buf.dtype.is_narrow:  # the low bits of a 4- or 2-bit integer
+            return _wrap(buf.dtype, raw)
         if buf.dtype is DType.float16:
             return f"((float){raw})"
         return raw
@@ -463,6 +480,10 @@ class CRenderer:
     def _to_storage(dtype: DType, value: str) -> str:
         if dtype is DType.bfloat16:
             return f"dp_f32_to_bf16({value})"
+        if dtype in NARROW_FLOAT:
+            return f"dp_f32_to_{NARROW_FLOAT[dtype]}((float)({value}))"
+        if dtype.is_narrow:
+            return f"((uint8_t)dp_wrap_u((int64_t)({value}), {dtype.bits}))"
         if dtype is DType.float16:
             return f"(_Float16)({value})"
         if dtype is DType.bool:
@@ -506,6 +527,11 @@ class CRenderer:
             return f"((float)(_Float16)({x}))"  # round through half precision
         if dst is DType.bfloat16:
             return f"dp_bf16_to_f32(dp_f32_to_bf16((float)({x})))"
+        if dst in NARROW_FLOAT:  # round to the type, non-saturating (see prelude.h)
+            name = NARROW_FLOAT[dst]
+            return f"dp_{name}_to_f32(dp_f32_to_{name}((float)({x})))"
+        if dst.is_narrow:
+            return _wrap(dst, f"dp_f2i({x})" if src.is_float else f"(int64_t)({x})")
         return f"(({ctype})({x}))"
 
     def _reduce(self, e: Reduce, lines: list[str], ind: str) -> str:

@@ -232,6 +232,11 @@ def convert_variadic(cx, node, ins):
     return [acc]
 
 
+# the largest finite value of each float8 type: ONNX's saturating casts clamp to it
+FLOAT8_MAX = {DType.float8e4m3fn: 448.0, DType.float8e4m3fnuz: 240.0,
+              DType.float8e5m2: 57344.0, DType.float8e5m2fnuz: 57344.0}
+
+
 @converter("Cast")
 def convert_cast(cx, node, ins):
     to = cx.attr(node, "to")
@@ -248,4 +253,15 @@ def _cast(cx, node, x: Value, to: DType) -> Value:
     if DType.string in (x.dtype, to):
         raise NotImplementedError(f"{node.op_type} from {x.dtype.name} to {to.name}: string "
                                   "casts are not supported")
+    if to in FLOAT8_MAX and int(cx.attr(node, "saturate", 1)) and x.dtype not in FLOAT8_MAX:
+        x = saturate(cx, x, FLOAT8_MAX[to])
     return cx.b.op(ew.Cast, x, name=node.name, to=to)
+
+
+def saturate(cx, x: Value, limit: float) -> Value:
+    """``x`` in float32 clamped to [-limit, limit]; NaN stays NaN (comparisons with it fail)."""
+    b = cx.b
+    x = x if x.dtype is DType.float32 else b.op(ew.Cast, x, to=DType.float32)
+    hi, lo = b.const(np.array(limit, np.float32)), b.const(np.array(-limit, np.float32))
+    x = b.op(ew.Where, b.op(ew.Greater, x, hi), hi, x)
+    return b.op(ew.Where, b.op(ew.Less, x, lo), lo, x)

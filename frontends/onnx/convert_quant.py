@@ -13,11 +13,15 @@ from ...graph_ir.ops import elementwise as ew
 from ...graph_ir.ops import movement as mv
 from ...graph_ir.ops import reduction as rd
 from ...graph_ir.types import DType
+from .convert_elementwise import FLOAT8_MAX
+from .convert_elementwise import saturate as saturate_float
 from .convert_reduction import core
 from .registry import CONVERTERS, converter
 
 F32 = DType.float32
-QUANT_TYPES = (DType.int8, DType.uint8, DType.int16, DType.uint16, DType.int32)
+QUANT_TYPES = (DType.int8, DType.uint8, DType.int16, DType.uint16, DType.int32, DType.int4,
+               DType.uint4, DType.int2, DType.uint2, DType.float8e4m3fn, DType.float8e4m3fnuz,
+               DType.float8e5m2, DType.float8e5m2fnuz, DType.float4e2m1)
 
 
 def broadcast_param(cx, p, x_shape, axis: int, block: int):
@@ -50,17 +54,34 @@ def to_f32(cx, v):
     return v if v.dtype is F32 else cx.b.op(ew.Cast, v, to=F32)
 
 
+def int_range(dtype: DType) -> tuple[int, int]:
+    if dtype.is_narrow:
+        return (-(1 << (dtype.bits - 1)), (1 << (dtype.bits - 1)) - 1) if dtype.is_signed else (
+            0, (1 << dtype.bits) - 1)
+    info = np.iinfo(dtype.np)
+    return int(info.min), int(info.max)
+
+
 def saturate_cast(cx, y, dtype: DType, name: str = ""):
     """round-to-nearest-even already applied; clamp to the range of ``dtype`` and cast."""
-    info = np.iinfo(dtype.np)
-    y = cx.b.op(ew.Max, y, cx.b.const(np.array(info.min, np.float32)))
-    y = cx.b.op(ew.Min, y, cx.b.const(np.array(info.max, np.float32)))
+    lo, hi = int_range(dtype)
+    y = cx.b.op(ew.Max, y, cx.b.const(np.array(lo, np.float32)))
+    y = cx.b.op(ew.Min, y, cx.b.const(np.array(hi, np.float32)))
     return cx.b.op(ew.Cast, y, name=name, to=dtype)
 
 
-def quantize(cx, x, scale, zp, dtype: DType, name: str = ""):
-    # y = saturate(round(x / scale) + zp)
-    q = cx.b.op(core("Round"), cx.b.op(ew.Div, to_f32(cx, x), to_f32(cx, scale)))
+def quantize(cx, x, scale, zp, dtype: DType, name: str = "", saturate: bool = True):
+    """Integers: saturate(round(x / scale) + zp). float8: x / scale, clamped to the type's range
+    when ``saturate`` (ONNX: their zero point is 0, not added). float4e2m1: x / scale + zp,
+    rounded to the type (its cast saturates)."""
+    q = cx.b.op(ew.Div, to_f32(cx, x), to_f32(cx, scale))
+    if dtype.is_float:
+        if dtype is DType.float4e2m1 and zp is not None:
+            q = cx.b.op(ew.Add, q, to_f32(cx, zp))
+        if dtype in FLOAT8_MAX and saturate:
+            q = saturate_float(cx, q, FLOAT8_MAX[dtype])
+        return cx.b.op(ew.Cast, q, name=name, to=dtype)
+    q = cx.b.op(core("Round"), q)
     if zp is not None:
         q = cx.b.op(ew.Add, q, to_f32(cx, zp))
     return saturate_cast(cx, q, dtype, name)
@@ -78,7 +99,8 @@ def convert_quantize(cx, node, ins):
     out_attr = int(cx.attr(node, "output_dtype", 0) or 0)
     dtype = zp.dtype if zp is not None else (DType.from_onnx(out_attr) if out_attr else DType.uint8)
     _check(dtype, "QuantizeLinear")
-    return [quantize(cx, x, _params(cx, node, x, scale), _params(cx, node, x, zp), dtype, node.name)]
+    return [quantize(cx, x, _params(cx, node, x, scale), _params(cx, node, x, zp), dtype, node.name,
+                     saturate=bool(int(cx.attr(node, "saturate", 1))))]
 
 
 @converter("DequantizeLinear")
