@@ -5,6 +5,7 @@ from . import (  # noqa: F401  (imports register the converters)
     convert_elementwise,
     convert_loss,
     convert_misc,
+    convert_ml,
     convert_movement,
     convert_nn,
     convert_quant,

@@ -18,11 +18,10 @@ import onnx.inliner
 from onnx import defs, shape_inference
 
 from ...errors import ModelError
-from .registry import CONVERTERS
+from .registry import CONVERTERS, DEFAULT_DOMAINS, op_key
 
 DOMAIN = "deploy.expanded"  # the private domain of the functions made here
 MAX_ROUNDS = 8              # bodies that use expandable ops: one round per level of nesting
-DEFAULT_DOMAINS = ("", "ai.onnx")
 PREVIEW = "ai.onnx.preview"  # standard ops on trial (FlexAttention): expandable as well
 
 
@@ -146,10 +145,10 @@ def _lacking(fn: onnx.FunctionProto, proto: onnx.ModelProto, depth: int = 0) -> 
     for node in fn.node:
         if (local := _local(proto, node.domain, node.op_type)) is not None:
             out |= _lacking(local, proto, depth + 1) if depth < MAX_ROUNDS else {node.op_type}
+        elif op_key(node) in CONVERTERS:
+            continue
         elif node.domain not in DEFAULT_DOMAINS and node.domain != PREVIEW:
             out.add(f"{node.domain}::{node.op_type}")
-        elif node.domain in DEFAULT_DOMAINS and node.op_type in CONVERTERS:
-            continue
         elif (schema := _schema(node, proto)) is None or depth >= MAX_ROUNDS:
             out.add(node.op_type)
         elif schema.has_function:

@@ -16,9 +16,7 @@ from ...graph_ir.builder import Builder
 from ...graph_ir.graph import Graph, Value
 from ...graph_ir.types import DType, TensorType
 from .expand import expand_functions, lacks
-from .registry import CONVERTERS, NeedsConstant, OnnxCtx
-
-DEFAULT_DOMAINS = ("", "ai.onnx")
+from .registry import CONVERTERS, DEFAULT_DOMAINS, NeedsConstant, OnnxCtx, op_key
 
 
 def load_model(model, expand: bool = True) -> tuple[onnx.ModelProto, str | None]:
@@ -66,15 +64,22 @@ def _node_rows(proto: onnx.ModelProto, expanded: bool):
     for i, node in enumerate(_all_nodes(proto.graph)):
         domain, name = node.domain or "", node.name or f"#{i}"
         version = opsets.get(domain, opsets.get("ai.onnx") if domain in DEFAULT_DOMAINS else None)
-        op = node.op_type if domain in DEFAULT_DOMAINS else f"{domain}::{node.op_type}"
-        if domain in DEFAULT_DOMAINS and node.op_type in CONVERTERS:
+        op = op_key(node)
+        if op in CONVERTERS:
             yield name, op, version, None
         elif (missing := lacks(node, proto)) is None:
-            yield name, op, version, "" if domain in DEFAULT_DOMAINS else "custom domain"
+            yield name, op, version, "" if domain in DEFAULT_DOMAINS else _other_domain(domain)
         elif missing:
             yield name, op, version, f"its function body uses {', '.join(missing)}, which deploy lacks"
         else:
             yield name, op, version, "its function body could not be expanded" if expanded else None
+
+
+def _other_domain(domain: str) -> str:
+    if domain == "ai.onnx.ml":
+        have = sorted(k.split("::")[1] for k in CONVERTERS if k.startswith("ai.onnx.ml::"))
+        return f"no converter; of ai.onnx.ml deploy converts {', '.join(have)}"
+    return "custom domain"
 
 
 def _all_nodes(g: onnx.GraphProto):
@@ -116,7 +121,7 @@ def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> lis
         ins = [env[name] if name else None for name in node.input]
         cx.node = node
         try:
-            outs = CONVERTERS[node.op_type](cx, node, ins)
+            outs = CONVERTERS[op_key(node)](cx, node, ins)
         except NeedsConstant as e:
             if not getattr(e, "where", ""):
                 e.where = f"node '{node.name}' ({node.op_type}, opset {cx.opset})"

@@ -83,7 +83,14 @@ def _attr_value(a: onnx.AttributeProto):
 
 
 Converter = Callable[[OnnxCtx, onnx.NodeProto, list], list]
+# op type -> converter; ops of other domains as "domain::OpType" (e.g. "ai.onnx.ml::Scaler")
 CONVERTERS: dict[str, Converter] = {}
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def op_key(node: onnx.NodeProto) -> str:
+    """The ``CONVERTERS`` key of ``node``."""
+    return node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}::{node.op_type}"
 
 
 def converter(*op_types: str) -> Callable[[Converter], Converter]:
