@@ -1,0 +1,180 @@
+"""ONNX converters: ``ai.onnx.ml`` TreeEnsembleRegressor and TreeEnsembleClassifier (what
+scikit-learn's forests and boosted trees export), as dense tensor ops that compile to kernels.
+
+Each tree is evaluated the way Hummingbird does it with GEMMs. For every internal node, its
+feature is gathered from the input and compared with its threshold: ``t`` (N x nodes, 0/1).
+Every leaf has a path: ``C[i, l]`` is +1 where the path takes node i's true branch, -1 where it
+takes the false one, 0 off the path, and ``D[l]`` counts its true turns; ``t @ C == D`` holds
+for exactly the leaf a row reaches. Leaf one-hots times leaf values, summed over trees, give the
+scores. Trees are padded to the largest node and leaf counts and run as one batched matmul
+(trees x N x nodes @ trees x nodes x leaves). Comparisons follow the node modes (BRANCH_LEQ,
+_LT, _GTE, _GT, _EQ, _NEQ); NaN goes to the false branch unless the node's
+``nodes_missing_value_tracks_true`` says otherwise, as in ONNX Runtime.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...graph_ir.ops import contraction as ct
+from ...graph_ir.ops import elementwise as ew
+from ...graph_ir.ops import movement as mv
+from ...graph_ir.ops import reduction as rd
+from ...graph_ir.types import DType
+from .convert_ml import ML, _f32, _post_transform
+from .registry import converter
+
+F32 = DType.float32
+# node mode -> (comparison of the feature with the threshold, negated)
+COMPARE = {"BRANCH_LEQ": (ew.LessOrEqual, False), "BRANCH_LT": (ew.Less, False),
+           "BRANCH_GTE": (ew.GreaterOrEqual, False), "BRANCH_GT": (ew.Greater, False),
+           "BRANCH_EQ": (ew.Equal, False), "BRANCH_NEQ": (ew.Equal, True)}
+
+
+@dataclass
+class Tree:
+    nodes: dict = field(default_factory=dict)  # node id -> (mode, feature, value, true, false, nan)
+    leaves: dict = field(default_factory=dict)  # leaf node id -> {output index: weight}
+
+
+def _trees(cx, node, prefix: str) -> list[Tree]:
+    """The ensemble's trees from the node and leaf-weight attributes (``prefix``: target_ or
+    class_)."""
+    a = lambda k, d=None: cx.attr(node, k, d)
+    ids = a("nodes_treeids")
+    tracks = a("nodes_missing_value_tracks_true") or [0] * len(ids)
+    trees: dict[int, Tree] = {}
+    for k, t in enumerate(ids):
+        trees.setdefault(t, Tree()).nodes[a("nodes_nodeids")[k]] = (
+            a("nodes_modes")[k], a("nodes_featureids")[k], float(a("nodes_values")[k]),
+            a("nodes_truenodeids")[k], a("nodes_falsenodeids")[k], tracks[k])
+    for t, n, i, w in zip(a(prefix + "treeids"), a(prefix + "nodeids"), a(prefix + "ids"),
+                          a(prefix + "weights")):
+        leaves = trees[t].leaves.setdefault(n, {})
+        leaves[i] = leaves.get(i, 0.0) + w
+    return [trees[t] for t in sorted(trees)]
+
+
+def _paths(tree: Tree) -> tuple[list[int], list[tuple[int, list]]]:
+    """(internal node ids in order, [(leaf id, [(internal position, went true)])])."""
+    children = {c for n in tree.nodes.values() if n[0] != "LEAF" for c in n[3:5]}
+    root = next(i for i in tree.nodes if i not in children)
+    internal, leaves = [], []
+    stack = [(root, [])]
+    while stack:
+        nid, path = stack.pop()
+        mode, _, _, true, false, _ = tree.nodes[nid]
+        if mode == "LEAF":
+            leaves.append((nid, path))
+            continue
+        if mode not in COMPARE:
+            raise NotImplementedError(f"tree node mode {mode!r}; supported: "
+                                      f"{', '.join(COMPARE)} and LEAF")
+        pos = len(internal)
+        internal.append(nid)
+        stack += [(false, [*path, (pos, False)]), (true, [*path, (pos, True)])]
+    return internal, leaves
+
+
+def _tables(trees: list[Tree], outputs: int) -> dict[str, np.ndarray]:
+    """Per node: feature, threshold, mode, NaN-goes-true; per tree: C, D and leaf values E."""
+    walked = [_paths(t) for t in trees]
+    n_i = max(1, max(len(i) for i, _ in walked))
+    n_l = max(len(lv) for _, lv in walked)
+    T = len(trees)
+    tab = {"feature": np.zeros((T, n_i), np.int64), "value": np.zeros((T, n_i), np.float32),
+           "mode": np.full((T, n_i), "BRANCH_LEQ", object), "nan_true": np.zeros((T, n_i), bool),
+           "C": np.zeros((T, n_i, n_l), np.float32), "D": np.full((T, 1, n_l), -1.0, np.float32),
+           "E": np.zeros((T, n_l, outputs), np.float32)}
+    for t, (tree, (internal, leaves)) in enumerate(zip(trees, walked)):
+        for p, nid in enumerate(internal):
+            mode, feat, value, _, _, nan_true = tree.nodes[nid]
+            tab["feature"][t, p], tab["value"][t, p] = feat, value
+            tab["mode"][t, p], tab["nan_true"][t, p] = mode, bool(nan_true)
+        for l, (nid, path) in enumerate(leaves):
+            for p, went_true in path:
+                tab["C"][t, p, l] = 1.0 if went_true else -1.0
+            tab["D"][t, 0, l] = sum(went for _, went in path)
+            for out, w in tree.leaves.get(nid, {}).items():
+                tab["E"][t, l, out] += w
+    return tab
+
+
+def _ensemble(cx, x, tab) -> object:
+    """Summed leaf values per row: N x outputs."""
+    b = cx.b
+    T, n_i = tab["feature"].shape
+    n = x.shape[0]
+    xs = b.op(mv.Gather, x, b.const(tab["feature"].reshape(-1)), axis=1)  # N x T*n_i
+    thr = b.const(tab["value"].reshape(-1))
+    t = None
+    for mode in sorted(set(tab["mode"].reshape(-1))):
+        compare, negated = COMPARE[mode]
+        hit = b.op(ew.Cast, b.op(compare, xs, thr), to=F32)
+        if negated:  # NaN != threshold holds: NEQ sends NaN to the true branch
+            hit = b.op(ew.Sub, b.const(np.array(1, np.float32)), hit)
+        mask = (tab["mode"].reshape(-1) == mode).astype(np.float32)
+        if not mask.all():
+            hit = b.op(ew.Mul, hit, b.const(mask))
+        t = hit if t is None else b.op(ew.Add, t, hit)
+    if tab["nan_true"].any():
+        nan_true = b.op(ew.And, b.op(ew.IsNaN, xs), b.const(tab["nan_true"].reshape(-1)))
+        t = b.op(ew.Where, nan_true, b.const(np.array(1, np.float32)), t)
+    t = b.op(mv.Transpose, b.op(mv.Reshape, t, shape=(n, T, n_i)), perm=(1, 0, 2))
+    reached = b.op(ew.Equal, b.op(ct.MatMul, t, b.const(tab["C"])), b.const(tab["D"]))
+    values = b.op(ct.MatMul, b.op(ew.Cast, reached, to=F32), b.const(tab["E"]))  # T x N x out
+    return b.op(rd.ReduceSum, values, axes=(0,), keepdims=0)
+
+
+def _base(cx, node, scores, outputs: int):
+    base = cx.attr(node, "base_values")
+    if not base:
+        return scores
+    base = np.asarray(base, np.float32)
+    return cx.b.op(ew.Add, scores, cx.b.const(base if base.size == outputs else base.reshape(())))
+
+
+def _one_score(cx, node, scores, cid: int):
+    """Two classes, leaves weighting one (boosted binary classifiers): the score s of that
+    class becomes [1 - s, s] (no transform, PROBIT) or [-s, s] (the others, transformed next)."""
+    b = cx.b
+    s = b.op(mv.Gather, scores, b.const(np.array([cid], np.int64)), axis=1)
+    how = cx.attr(node, "post_transform", "NONE")
+    other = (b.op(ew.Sub, b.const(np.ones((1, 1), np.float32)), s) if how in ("NONE", "PROBIT")
+             else b.op(ew.Neg, s))
+    return b.op(mv.Concat, other, s, axis=1)
+
+
+@converter(ML + "TreeEnsembleRegressor")
+def convert_tree_regressor(cx, node, ins):
+    b, x = cx.b, _f32(cx, ins[0])
+    targets = int(cx.attr(node, "n_targets", 1))
+    how = cx.attr(node, "aggregate_function", "SUM")
+    if how not in ("SUM", "AVERAGE"):
+        raise NotImplementedError(f"aggregate_function={how!r}; SUM and AVERAGE are supported")
+    trees = _trees(cx, node, "target_")
+    y = _ensemble(cx, x, _tables(trees, targets))
+    if how == "AVERAGE":
+        y = b.op(ew.Div, y, b.const(np.array(len(trees), np.float32)))
+    return [_post_transform(cx, node, _base(cx, node, y, targets))]
+
+
+@converter(ML + "TreeEnsembleClassifier")
+def convert_tree_classifier(cx, node, ins):
+    b, x = cx.b, _f32(cx, ins[0])
+    labels = cx.attr(node, "classlabels_int64s")
+    if not labels:
+        raise NotImplementedError("TreeEnsembleClassifier with string class labels; integer "
+                                  "labels (classlabels_int64s) are supported")
+    # labels as the spec and ONNX's reference have them (the larger score's class); ONNX
+    # Runtime labels two-class forests by a rule of its own
+    scores = _ensemble(cx, x, _tables(_trees(cx, node, "class_"), len(labels)))
+    scores = _base(cx, node, scores, len(labels))
+    ids = set(cx.attr(node, "class_ids"))
+    if len(labels) == 2 and len(ids) == 1:
+        scores = _one_score(cx, node, scores, ids.pop())
+    scores = _post_transform(cx, node, scores)
+    best = b.op(rd.ArgMax, scores, axis=1, keepdims=0)
+    label = b.op(mv.Gather, b.const(np.asarray(labels, np.int64)), best, axis=0, name=node.name)
+    return [label, scores]
