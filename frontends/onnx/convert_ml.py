@@ -165,8 +165,8 @@ def _binary(cx, node, s, labels):
     return [b.op(mv.Reshape, label, shape=(s.shape[0],), name=node.name), scores]
 
 
-def _post_transform(cx, node, scores):
-    how = cx.attr(node, "post_transform", "NONE")
+def _post_transform(cx, node, scores, how: str | None = None):
+    how = how or cx.attr(node, "post_transform", "NONE")
     if how == "NONE":
         return scores
     if how == "LOGISTIC":

@@ -68,9 +68,9 @@ def _paths(tree: Tree) -> tuple[list[int], list[tuple[int, list]]]:
         if mode == "LEAF":
             leaves.append((nid, path))
             continue
-        if mode not in COMPARE:
+        if mode not in COMPARE and mode != "BRANCH_MEMBER":
             raise NotImplementedError(f"tree node mode {mode!r}; supported: "
-                                      f"{', '.join(COMPARE)} and LEAF")
+                                      f"{', '.join(COMPARE)}, BRANCH_MEMBER and LEAF")
         pos = len(internal)
         internal.append(nid)
         stack += [(false, [*path, (pos, False)]), (true, [*path, (pos, True)])]
@@ -83,13 +83,15 @@ def _tables(trees: list[Tree], outputs: int) -> dict[str, np.ndarray]:
     n_i = max(1, max(len(i) for i, _ in walked))
     n_l = max(len(lv) for _, lv in walked)
     T = len(trees)
-    tab = {"feature": np.zeros((T, n_i), np.int64), "value": np.zeros((T, n_i), np.float32),
+    tab = {"feature": np.zeros((T, n_i), np.int64), "value": np.zeros((T, n_i), np.float64),
            "mode": np.full((T, n_i), "BRANCH_LEQ", object), "nan_true": np.zeros((T, n_i), bool),
            "C": np.zeros((T, n_i, n_l), np.float32), "D": np.full((T, 1, n_l), -1.0, np.float32),
-           "E": np.zeros((T, n_l, outputs), np.float32)}
+           "E": np.zeros((T, n_l, outputs), np.float32), "members": {}}
     for t, (tree, (internal, leaves)) in enumerate(zip(trees, walked)):
         for p, nid in enumerate(internal):
             mode, feat, value, _, _, nan_true = tree.nodes[nid]
+            if mode == "BRANCH_MEMBER":  # value: the set
+                tab["members"][t * n_i + p], value = value, 0.0
             tab["feature"][t, p], tab["value"][t, p] = feat, value
             tab["mode"][t, p], tab["nan_true"][t, p] = mode, bool(nan_true)
         for l, (nid, path) in enumerate(leaves):
@@ -107,9 +109,13 @@ def _ensemble(cx, x, tab) -> object:
     T, n_i = tab["feature"].shape
     n = x.shape[0]
     xs = b.op(mv.Gather, x, b.const(tab["feature"].reshape(-1)), axis=1)  # N x T*n_i
-    thr = b.const(tab["value"].reshape(-1))
+    thr = b.const(tab["value"].reshape(-1).astype(x.dtype.np))
     t = None
     for mode in sorted(set(tab["mode"].reshape(-1))):
+        if mode == "BRANCH_MEMBER":
+            hit = _members(cx, xs, tab["members"], T * n_i)
+            t = hit if t is None else b.op(ew.Add, t, hit)
+            continue
         compare, negated = COMPARE[mode]
         hit = b.op(ew.Cast, b.op(compare, xs, thr), to=F32)
         if negated:  # NaN != threshold holds: NEQ sends NaN to the true branch
@@ -125,6 +131,23 @@ def _ensemble(cx, x, tab) -> object:
     reached = b.op(ew.Equal, b.op(ct.MatMul, t, b.const(tab["C"])), b.const(tab["D"]))
     values = b.op(ct.MatMul, b.op(ew.Cast, reached, to=F32), b.const(tab["E"]))  # T x N x out
     return b.op(rd.ReduceSum, values, axes=(0,), keepdims=0)
+
+
+def _members(cx, xs, members: dict, width: int):
+    """1 where a BRANCH_MEMBER node's feature is one of its set (N x width, 0 elsewhere)."""
+    b = cx.b
+    pos = sorted(members)
+    k = max(len(v) for v in members.values())
+    sets = np.full((len(pos), k), np.nan, xs.dtype.np)  # NaN pads: equal to nothing
+    for r, p in enumerate(pos):
+        sets[r, :len(members[p])] = members[p]
+    xm = b.op(mv.Reshape, b.op(mv.Gather, xs, b.const(np.array(pos, np.int64)), axis=1),
+              shape=(xs.shape[0], len(pos), 1))
+    hit = b.op(rd.ReduceMax, b.op(ew.Cast, b.op(ew.Equal, xm, b.const(sets)), to=F32),
+               axes=(2,), keepdims=0)  # N x members
+    scatter = np.zeros((len(pos), width), np.float32)
+    scatter[np.arange(len(pos)), pos] = 1.0
+    return b.op(ct.MatMul, hit, b.const(scatter))
 
 
 def _base(cx, node, scores, outputs: int):
@@ -178,3 +201,70 @@ def convert_tree_classifier(cx, node, ins):
     best = b.op(rd.ArgMax, scores, axis=1, keepdims=0)
     label = b.op(mv.Gather, b.const(np.asarray(labels, np.int64)), best, axis=0, name=node.name)
     return [label, scores]
+
+
+# TreeEnsemble (ai.onnx.ml opset 5): integer enums instead of strings
+MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ",
+         "BRANCH_MEMBER")
+POST = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
+
+
+@converter(ML + "TreeEnsemble")
+def convert_tree_ensemble(cx, node, ins):
+    b, x = cx.b, ins[0]
+    targets = int(cx.attr(node, "n_targets"))
+    how = int(cx.attr(node, "aggregate_function", 1))
+    if how not in (0, 1):
+        raise NotImplementedError(f"aggregate_function={how} (MIN/MAX); SUM and AVERAGE are "
+                                  "supported")
+    trees = _ensemble_trees(cx, node)
+    y = _ensemble(cx, x if x.dtype.is_float else _f32(cx, x), _tables(trees, targets))
+    if how == 0:
+        y = b.op(ew.Div, y, b.const(np.array(len(trees), np.float32)))
+    y = _post_transform(cx, node, y, POST[int(cx.attr(node, "post_transform", 0))])
+    return [y if x.dtype in (F32,) or not x.dtype.is_float else b.op(ew.Cast, y, to=x.dtype)]
+
+
+def _ensemble_trees(cx, node) -> list[Tree]:
+    """TreeEnsemble's arrays as ``Tree``s: internal nodes keyed ("n", i), leaves ("l", j)."""
+    a = lambda k, d=None: cx.attr(node, k, d)
+    modes = [MODES[int(m)] for m in np.asarray(a("nodes_modes")).reshape(-1)]
+    splits = np.asarray(a("nodes_splits"), np.float64).reshape(-1)
+    tracks = a("nodes_missing_value_tracks_true") or [0] * len(modes)
+    sets = _member_sets(a("membership_values"), modes)
+    weights = np.asarray(a("leaf_weights"), np.float64).reshape(-1)
+    trees = []
+    for root in a("tree_roots"):
+        tree, todo = Tree(), [root]
+        while todo:
+            i = todo.pop()
+            kids = [("l" if a(f"nodes_{s}leafs")[i] else "n", a(f"nodes_{s}nodeids")[i])
+                    for s in ("true", "false")]
+            tree.nodes[("n", i)] = (modes[i], a("nodes_featureids")[i], sets.get(i, splits[i]),
+                                    *kids, tracks[i])
+            for kind, j in kids:
+                if kind == "n":
+                    todo.append(j)
+                else:
+                    tree.nodes[("l", j)] = ("LEAF", 0, 0.0, None, None, 0)
+                    tree.leaves[("l", j)] = {a("leaf_targetids")[j]: float(weights[j])}
+        trees.append(tree)
+    return trees
+
+
+def _member_sets(values, modes: list[str]) -> dict[int, list[float]]:
+    """BRANCH_MEMBER nodes (in node order) -> their sets: ``values`` runs split at NaNs."""
+    runs, run = [], []
+    for v in ([] if values is None else np.asarray(values, np.float64).reshape(-1)):
+        if np.isnan(v):
+            runs.append(run)
+            run = []
+        else:
+            run.append(float(v))
+    if run:
+        runs.append(run)
+    members = [i for i, m in enumerate(modes) if m == "BRANCH_MEMBER"]
+    if len(runs) < len(members):
+        raise ValueError(f"{len(members)} BRANCH_MEMBER nodes but {len(runs)} sets in "
+                         "membership_values")
+    return dict(zip(members, runs))
