@@ -108,10 +108,18 @@ def test_a_preprocessing_and_regression_pipeline():
 
 
 def test_ml_ops_without_a_converter_are_named_with_what_deploy_has():
+    m = ml_model([node("SVMRegressor", ["x"], ["y"])], [("x", F, [16, 6])], [("y", F, [16, 1])])
+    with pytest.raises(UnsupportedOpsError, match="SVMRegressor.*deploy converts "
+                                                  "ArrayFeatureExtractor, Binarizer"):
+        deploy.compile(m)
+
+
+def test_a_tree_ensemble_without_its_nodes_says_what_is_missing():
+    from deploy.errors import ModelError
     m = ml_model([node("TreeEnsembleRegressor", ["x"], ["y"], nodes_treeids=[0])],
                  [("x", F, [16, 6])], [("y", F, [16, 1])])
-    with pytest.raises(UnsupportedOpsError, match="TreeEnsembleRegressor.*deploy converts "
-                                                  "ArrayFeatureExtractor, Binarizer"):
+    with pytest.raises(ModelError, match="TreeEnsembleRegressor.*lacks nodes_nodeids, "
+                                         "nodes_featureids"):
         deploy.compile(m)
 
 

@@ -42,6 +42,8 @@ def _trees(cx, node, prefix: str) -> list[Tree]:
     """The ensemble's trees from the node and leaf-weight attributes (``prefix``: target_ or
     class_)."""
     a = lambda k, d=None: cx.attr(node, k, d)
+    _require(cx, node, [*NODE_KEYS, *(prefix + k for k in ("treeids", "nodeids", "ids",
+                                                          "weights"))])
     ids = a("nodes_treeids")
     tracks = a("nodes_missing_value_tracks_true") or [0] * len(ids)
     trees: dict[int, Tree] = {}
@@ -54,6 +56,16 @@ def _trees(cx, node, prefix: str) -> list[Tree]:
         leaves = trees[t].leaves.setdefault(n, {})
         leaves[i] = leaves.get(i, 0.0) + w
     return [trees[t] for t in sorted(trees)]
+
+
+NODE_KEYS = ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_values", "nodes_modes",
+             "nodes_truenodeids", "nodes_falsenodeids")
+
+
+def _require(cx, node, keys) -> None:
+    missing = [k for k in keys if cx.attr(node, k) is None]
+    if missing:
+        raise ValueError(f"the tree ensemble lacks {', '.join(missing)}")
 
 
 def _paths(tree: Tree) -> tuple[list[int], list[tuple[int, list]]]:
@@ -228,6 +240,9 @@ def convert_tree_ensemble(cx, node, ins):
 def _ensemble_trees(cx, node) -> list[Tree]:
     """TreeEnsemble's arrays as ``Tree``s: internal nodes keyed ("n", i), leaves ("l", j)."""
     a = lambda k, d=None: cx.attr(node, k, d)
+    _require(cx, node, ("nodes_modes", "nodes_splits", "nodes_featureids", "nodes_truenodeids",
+                        "nodes_trueleafs", "nodes_falsenodeids", "nodes_falseleafs",
+                        "leaf_targetids", "leaf_weights", "tree_roots"))
     modes = [MODES[int(m)] for m in np.asarray(a("nodes_modes")).reshape(-1)]
     splits = np.asarray(a("nodes_splits"), np.float64).reshape(-1)
     tracks = a("nodes_missing_value_tracks_true") or [0] * len(modes)
