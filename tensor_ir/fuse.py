@@ -71,6 +71,9 @@ def _loads_of(stages, buf: str):
                     yield k, x
 
 
+INLINE_GROWTH = 256  # expression nodes an elementwise stage may add by being copied into reads
+
+
 def _inlinable(kernel: Kernel, k: int, stage: Stage) -> bool:
     temp_names = {t.name for t in kernel.temps}
     if stage.out not in temp_names or stage.store_index is not None:
@@ -80,9 +83,11 @@ def _inlinable(kernel: Kernel, k: int, stage: Stage) -> bool:
     if _guarded(stage) and _read_in_reduction(kernel, stage.out):
         return False  # a zero-padded copy read by a contraction: inlined, its bounds tests
         # would run once per multiply-add instead of once per element
-    if not any(isinstance(x, Reduce) for x in walk(stage.body)):
-        return True  # cheap: recomputing an elementwise body is fine
     uses = list(_loads_of(kernel.stages, stage.out))
+    if not any(isinstance(x, Reduce) for x in walk(stage.body)):
+        # cheap: recomputing an elementwise body is fine, unless copies of a large one would
+        # compound (a chain of values each read several times grows exponentially)
+        return (len(uses) - 1) * sum(1 for _ in walk(stage.body)) <= INLINE_GROWTH
     if len(uses) != 1:
         return False
     c, load = uses[0]

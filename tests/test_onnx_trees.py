@@ -6,6 +6,7 @@ from __future__ import annotations
 import deploy
 import numpy as np
 import pytest
+from deploy.frontends.onnx.tree_traversal import traverse
 from onnx import TensorProto
 from onnx.reference import ReferenceEvaluator
 
@@ -20,13 +21,14 @@ KEYS = ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_values", "n
         "nodes_truenodeids", "nodes_falsenodeids", "nodes_missing_value_tracks_true")
 
 
-def random_forest(trees: int, outputs: int, modes=("BRANCH_LEQ",), nan_tracks=False):
+def random_forest(trees: int, outputs: int, modes=("BRANCH_LEQ",), nan_tracks=False,
+                  depth: int = 5):
     """nodes_* attributes plus (tree, node, output, weight) leaf rows of random trees."""
     rows: list[dict] = []
     leaves: list[tuple] = []
     for t in range(trees):
         grow = Grower(t, outputs, modes, nan_tracks, rows, leaves)
-        grow(int(RNG.integers(1, 6)))
+        grow(int(RNG.integers(1, depth + 1)))
     return {k: [r[k] for r in rows] for k in KEYS}, leaves
 
 
@@ -58,6 +60,15 @@ class Grower:
         return nid
 
 
+@pytest.fixture(params=["gemm", "traversal"])
+def path(request, monkeypatch):
+    """Both evaluations: GEMMs over the paths (small trees) and traversal (forced here)."""
+    if request.param == "traversal":
+        from deploy.frontends.onnx import convert_trees
+        monkeypatch.setattr(convert_trees, "GEMM_BYTES", 0)
+    return request.param
+
+
 def inputs(n: int = 64) -> np.ndarray:
     x = RNG.standard_normal((n, N_FEATURES)).astype(np.float32)
     x[RNG.random(x.shape) < 0.1] = np.nan
@@ -68,7 +79,7 @@ def inputs(n: int = 64) -> np.ndarray:
     ("SUM", 1, ("BRANCH_LEQ",), False),
     ("AVERAGE", 2, ("BRANCH_LT", "BRANCH_GTE", "BRANCH_GT"), True),
     ("SUM", 3, ("BRANCH_LEQ", "BRANCH_EQ", "BRANCH_NEQ"), True)])
-def test_regressor(how, targets, modes, nan_tracks):
+def test_regressor(how, targets, modes, nan_tracks, path):
     attrs, leaves = random_forest(7, targets, modes, nan_tracks)
     t, n, i, w = zip(*leaves)
     m = ml_model([node("TreeEnsembleRegressor", ["x"], ["y"], n_targets=targets,
@@ -83,7 +94,7 @@ def test_regressor(how, targets, modes, nan_tracks):
 
 @pytest.mark.parametrize("classes,post", [(3, "NONE"), (4, "SOFTMAX"), (3, "LOGISTIC"),
                                           (2, "NONE")])
-def test_classifier(classes, post):
+def test_classifier(classes, post, path):
     attrs, leaves = random_forest(9, classes, nan_tracks=True)
     t, n, i, w = zip(*leaves)
     labels = [int(v) for v in RNG.choice(50, classes, replace=False)]
@@ -136,3 +147,21 @@ def test_one_deep_forest_compiles_quickly_and_matches():
                  [("x", F, [256, N_FEATURES])], [("y", F, [256, 1])])
     check(m, {"x": inputs(256)}, rtol=1e-5, atol=1e-4)
     assert deploy.compile(m).timings["render+build"] < 60
+
+
+def test_deep_forest_takes_the_traversal(monkeypatch):
+    """40 trees up to 10 levels deep: the path matrices would pass 64 MB, so deploy walks the
+    trees instead; the result still matches ONNX Runtime."""
+    from deploy.frontends.onnx import convert_trees
+    walked = []
+    monkeypatch.setattr(convert_trees, "traverse",
+                        lambda *a: walked.append(1) or traverse(*a))
+    attrs, leaves = random_forest(40, 2, modes=("BRANCH_LEQ", "BRANCH_GT"), nan_tracks=True,
+                                  depth=10)
+    t, n, i, w = zip(*leaves)
+    m = ml_model([node("TreeEnsembleRegressor", ["x"], ["y"], n_targets=2,
+                       target_treeids=list(t), target_nodeids=list(n), target_ids=list(i),
+                       target_weights=list(w), **attrs)],
+                 [("x", F, [128, N_FEATURES])], [("y", F, [128, 2])])
+    check(m, {"x": inputs(128)}, rtol=1e-5, atol=1e-4)
+    assert walked

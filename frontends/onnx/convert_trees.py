@@ -24,6 +24,7 @@ from ...graph_ir.ops import reduction as rd
 from ...graph_ir.types import DType
 from .convert_ml import ML, _f32, _post_transform
 from .registry import converter
+from .tree_traversal import flat_tables, traverse
 
 F32 = DType.float32
 # node mode -> (comparison of the feature with the threshold, negated)
@@ -44,13 +45,13 @@ def _trees(cx, node, prefix: str) -> list[Tree]:
     a = lambda k, d=None: cx.attr(node, k, d)
     _require(cx, node, [*NODE_KEYS, *(prefix + k for k in ("treeids", "nodeids", "ids",
                                                           "weights"))])
-    ids = a("nodes_treeids")
+    ids, nodeids, features, values, modes, trues, falses = (a(k) for k in NODE_KEYS)
     tracks = a("nodes_missing_value_tracks_true") or [0] * len(ids)
     trees: dict[int, Tree] = {}
-    for k, t in enumerate(ids):
-        trees.setdefault(t, Tree()).nodes[a("nodes_nodeids")[k]] = (
-            a("nodes_modes")[k], a("nodes_featureids")[k], float(a("nodes_values")[k]),
-            a("nodes_truenodeids")[k], a("nodes_falsenodeids")[k], tracks[k])
+    for row in zip(ids, nodeids, features, values, modes, trues, falses, tracks):
+        t, nid, feat, value, mode, true, false, nan_true = row
+        trees.setdefault(t, Tree()).nodes[nid] = (mode, feat, float(value), true, false,
+                                                  nan_true)
     for t, n, i, w in zip(a(prefix + "treeids"), a(prefix + "nodeids"), a(prefix + "ids"),
                           a(prefix + "weights")):
         leaves = trees[t].leaves.setdefault(n, {})
@@ -113,6 +114,19 @@ def _tables(trees: list[Tree], outputs: int) -> dict[str, np.ndarray]:
             for out, w in tree.leaves.get(nid, {}).items():
                 tab["E"][t, l, out] += w
     return tab
+
+
+GEMM_BYTES = 64 << 20  # path matrices larger than this: traversal (tree_traversal.py)
+
+
+def _scores(cx, x, trees: list[Tree], outputs: int):
+    """Summed leaf values per row: GEMMs over the paths where their tables stay small, else
+    traversal (deep trees, such as unbounded random forests)."""
+    inner = max(sum(n[0] != "LEAF" for n in t.nodes.values()) for t in trees)
+    leaves = max(sum(n[0] == "LEAF" for n in t.nodes.values()) for t in trees)
+    if len(trees) * max(inner, 1) * leaves * 4 <= GEMM_BYTES:
+        return _ensemble(cx, x, _tables(trees, outputs))
+    return traverse(cx, x, flat_tables(trees, outputs), COMPARE)
 
 
 def _ensemble(cx, x, tab) -> object:
@@ -189,7 +203,7 @@ def convert_tree_regressor(cx, node, ins):
     if how not in ("SUM", "AVERAGE"):
         raise NotImplementedError(f"aggregate_function={how!r}; SUM and AVERAGE are supported")
     trees = _trees(cx, node, "target_")
-    y = _ensemble(cx, x, _tables(trees, targets))
+    y = _scores(cx, x, trees, targets)
     if how == "AVERAGE":
         y = b.op(ew.Div, y, b.const(np.array(len(trees), np.float32)))
     return [_post_transform(cx, node, _base(cx, node, y, targets))]
@@ -204,7 +218,7 @@ def convert_tree_classifier(cx, node, ins):
                                   "labels (classlabels_int64s) are supported")
     # labels as the spec and ONNX's reference have them (the larger score's class); ONNX
     # Runtime labels two-class forests by a rule of its own
-    scores = _ensemble(cx, x, _tables(_trees(cx, node, "class_"), len(labels)))
+    scores = _scores(cx, x, _trees(cx, node, "class_"), len(labels))
     scores = _base(cx, node, scores, len(labels))
     ids = set(cx.attr(node, "class_ids"))
     if len(labels) == 2 and len(ids) == 1:
@@ -230,7 +244,7 @@ def convert_tree_ensemble(cx, node, ins):
         raise NotImplementedError(f"aggregate_function={how} (MIN/MAX); SUM and AVERAGE are "
                                   "supported")
     trees = _ensemble_trees(cx, node)
-    y = _ensemble(cx, x if x.dtype.is_float else _f32(cx, x), _tables(trees, targets))
+    y = _scores(cx, x if x.dtype.is_float else _f32(cx, x), trees, targets)
     if how == 0:
         y = b.op(ew.Div, y, b.const(np.array(len(trees), np.float32)))
     y = _post_transform(cx, node, y, POST[int(cx.attr(node, "post_transform", 0))])
@@ -249,20 +263,21 @@ def _ensemble_trees(cx, node) -> list[Tree]:
     sets = _member_sets(a("membership_values"), modes)
     weights = np.asarray(a("leaf_weights"), np.float64).reshape(-1)
     trees = []
+    child = {s: (a(f"nodes_{s}leafs"), a(f"nodes_{s}nodeids")) for s in ("true", "false")}
+    features, targets = a("nodes_featureids"), a("leaf_targetids")
     for root in a("tree_roots"):
         tree, todo = Tree(), [root]
         while todo:
             i = todo.pop()
-            kids = [("l" if a(f"nodes_{s}leafs")[i] else "n", a(f"nodes_{s}nodeids")[i])
-                    for s in ("true", "false")]
-            tree.nodes[("n", i)] = (modes[i], a("nodes_featureids")[i], sets.get(i, splits[i]),
-                                    *kids, tracks[i])
+            kids = [("l" if leafs[i] else "n", ids[i]) for leafs, ids in child.values()]
+            tree.nodes[("n", i)] = (modes[i], features[i], sets.get(i, splits[i]), *kids,
+                                    tracks[i])
             for kind, j in kids:
                 if kind == "n":
                     todo.append(j)
                 else:
                     tree.nodes[("l", j)] = ("LEAF", 0, 0.0, None, None, 0)
-                    tree.leaves[("l", j)] = {a("leaf_targetids")[j]: float(weights[j])}
+                    tree.leaves[("l", j)] = {targets[j]: float(weights[j])}
         trees.append(tree)
     return trees
 
