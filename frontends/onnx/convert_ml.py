@@ -127,10 +127,7 @@ def convert_linear_classifier(cx, node, ins):
     # scores = x @ coefficients.reshape(K, C).T + intercepts, post-transformed; label =
     # classlabels[argmax(scores)] (K = 1 with two classes: ``_binary``)
     b, x = cx.b, _f32(cx, ins[0])
-    labels = cx.attr(node, "classlabels_ints")
-    if not labels:
-        raise NotImplementedError("LinearClassifier with string class labels (or none); integer "
-                                  "labels (classlabels_ints) are supported")
+    labels = int_labels(cx, node, "classlabels_ints")
     if len(x.shape) != 2:
         raise ValueError(f"LinearClassifier takes a matrix [N, C]; got shape {list(x.shape)}")
     coef = _floats(cx, node, "coefficients").reshape(-1, x.shape[1])
@@ -144,9 +141,22 @@ def convert_linear_classifier(cx, node, ins):
         raise ValueError(f"LinearClassifier: {coef.shape[0]} coefficient rows for "
                          f"{len(labels)} class labels")
     scores = _post_transform(cx, node, scores)
-    best = b.op(rd.ArgMax, scores, axis=1, keepdims=0)
-    label = b.op(mv.Gather, b.const(np.asarray(labels, np.int64)), best, axis=0, name=node.name)
-    return [label, scores]
+    return [argmax_label(cx, node, scores, labels), scores]
+
+
+def int_labels(cx, node, key: str) -> list[int]:
+    labels = cx.attr(node, key)
+    if not labels:
+        raise NotImplementedError(f"{node.op_type} with string class labels (or none); integer "
+                                  f"labels ({key}) are supported")
+    return list(labels)
+
+
+def argmax_label(cx, node, scores, labels: list[int]):
+    """The label of each row's largest score."""
+    best = cx.b.op(rd.ArgMax, scores, axis=1, keepdims=0)
+    return cx.b.op(mv.Gather, cx.b.const(np.asarray(labels, np.int64)), best, axis=0,
+                   name=node.name)
 
 
 def _binary(cx, node, s, labels):

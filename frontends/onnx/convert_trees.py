@@ -22,7 +22,7 @@ from ...graph_ir.ops import elementwise as ew
 from ...graph_ir.ops import movement as mv
 from ...graph_ir.ops import reduction as rd
 from ...graph_ir.types import DType
-from .convert_ml import ML, _f32, _post_transform
+from .convert_ml import ML, _f32, _post_transform, argmax_label, int_labels
 from .registry import converter
 from .tree_traversal import flat_tables, traverse
 
@@ -211,11 +211,8 @@ def convert_tree_regressor(cx, node, ins):
 
 @converter(ML + "TreeEnsembleClassifier")
 def convert_tree_classifier(cx, node, ins):
-    b, x = cx.b, _f32(cx, ins[0])
-    labels = cx.attr(node, "classlabels_int64s")
-    if not labels:
-        raise NotImplementedError("TreeEnsembleClassifier with string class labels; integer "
-                                  "labels (classlabels_int64s) are supported")
+    x = _f32(cx, ins[0])
+    labels = int_labels(cx, node, "classlabels_int64s")
     # labels as the spec and ONNX's reference have them (the larger score's class); ONNX
     # Runtime labels two-class forests by a rule of its own
     scores = _scores(cx, x, _trees(cx, node, "class_"), len(labels))
@@ -224,9 +221,7 @@ def convert_tree_classifier(cx, node, ins):
     if len(labels) == 2 and len(ids) == 1:
         scores = _one_score(cx, node, scores, ids.pop())
     scores = _post_transform(cx, node, scores)
-    best = b.op(rd.ArgMax, scores, axis=1, keepdims=0)
-    label = b.op(mv.Gather, b.const(np.asarray(labels, np.int64)), best, axis=0, name=node.name)
-    return [label, scores]
+    return [argmax_label(cx, node, scores, labels), scores]
 
 
 # TreeEnsemble (ai.onnx.ml opset 5): integer enums instead of strings
