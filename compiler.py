@@ -19,7 +19,7 @@ import numpy as np
 
 from . import __version__, config
 from .backends.c.attention import supported as c_attention_supported
-from .backends.c.render import CRenderer
+from .backends.c.render import CRenderer, kernel_symbols
 from .backends.c.toolchain import build_shared_library
 from .backends.c.tune import tune_kernels
 from .errors import (
@@ -34,6 +34,8 @@ from .graph_ir.interpreter import interpret
 from .graph_ir.ops import Kind, movement, signal
 from .graph_ir.passes import precision, run_pipeline
 from .graph_ir.printer import print_graph
+from .graph_ir import sym
+from .graph_ir.sym import Sym, dim_json, free_symbols
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
 from .tensor_ir.attention import AttentionStage, fuse_attention
@@ -281,6 +283,7 @@ class Plan:
     constants: dict[int, np.ndarray]
     host_ops: list[str]
     extra_values: dict = field(default_factory=dict)  # value id -> Buffer made by the backend
+    symbols: list[str] = field(default_factory=list)  # symbolic sizes, in kernels' dims order
     packed: dict = field(default_factory=dict)  # (weight id, nr) -> packed weight id
 
 
@@ -323,7 +326,8 @@ def _plan(graph: Graph) -> Plan:
         if v in graph.constants:
             used_consts[vid(v)] = graph.constants[v]
         vid(v)
-    return Plan(ids, steps, kernels, used_consts, host_ops)
+    symbols = sorted({s for v in graph.inputs for d in v.shape for s in free_symbols(d)})
+    return Plan(ids, steps, kernels, used_consts, host_ops, symbols=symbols)
 
 
 def _plan_memory(graph: Graph, plan: Plan) -> MemoryPlan:
@@ -448,7 +452,7 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
            db: TuningDB | None = None) -> tuple[dict[str, bytes], list[dict]]:
     if not plan.kernels:
         return {}, []
-    renderer = CRenderer()
+    renderer = CRenderer(plan.symbols)
     sources, info = [], []
     feats = target_features(tgt)
     kernel_steps = [s for s in plan.steps if s["kind"] == "kernel"]
@@ -460,6 +464,8 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
         sched = default_schedule(k, tuned, tgt.vector_bits)
         k, sched = _pack_weights(k, sched, step, plan, tuned, tgt.vector_bits)
         src = renderer.kernel(k, sched)
+        if kernel_symbols(k):
+            step["dims"] = True  # the runtime passes the symbols' values after the buffers
         sources.append(src)
         info.append({"symbol": k.name, "note": k.note, "hash": h, "tuned": tuned is not None,
                      "work": sum(stage_work(st) for st in k.stages),
@@ -493,16 +499,23 @@ ENTRY = "deploy_run"
 def _entry_point(plan: Plan) -> str:
     """``void deploy_run(void** v)``: the whole plan in one C call. ``v[id]`` points at value
     ``id`` (inputs, weights, arena slices, outputs); kernels run in order, views alias."""
-    lines = ["/* the whole launch plan; v[i] is value i of the manifest */",
+    lines = ["/* the whole launch plan; v[i] is value i of the manifest, v[dims_slot] the "
+             "symbolic sizes' values */",
              f"void {ENTRY}(void** v) {{"]
     for step in plan.steps:
         if step["kind"] == "kernel":
-            args = ", ".join(f"v[{i}]" for i in (*step["inputs"], *step["outputs"]))
+            dims = (dims_slot(plan),) if step.get("dims") else ()
+            args = ", ".join(f"v[{i}]" for i in (*step["inputs"], *step["outputs"], *dims))
             lines.append(f"  {{ void* a[] = {{{args}}}; {step['symbol']}(a); }}")
         elif step["kind"] == "view":
             lines.append(f"  v[{step['outputs'][0]}] = v[{step['inputs'][0]}];")
     decls = [f"void {s['symbol']}(void* const* args);" for s in plan.steps if s["kind"] == "kernel"]
     return "\n".join(decls + lines + ["}"]) + "\n"
+
+
+def dims_slot(plan: Plan) -> int:
+    """The pointer-table slot of the symbolic sizes' int64 array: after every value id."""
+    return max([*plan.ids.values(), *plan.extra_values, -1]) + 1
 
 
 def _constant_inputs(plan: Plan) -> list[set[str]]:
@@ -546,7 +559,11 @@ def _drop_unused_constants(plan: Plan, graph: Graph) -> None:
 
 
 def _spec(v: Value, name: str | None = None) -> dict:
-    return {"name": name or v.name, "dtype": v.dtype.np.name, "shape": list(v.shape)}
+    return {"name": name or v.name, "dtype": v.dtype.np.name, "shape": _shape_json(v.shape)}
+
+
+def _shape_json(shape) -> list:
+    return [dim_json(d) if isinstance(d, Sym) else d for d in shape]
 
 
 def _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model) -> dict:
@@ -558,12 +575,13 @@ def _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model) -> 
         "outputs": [_spec(v, n) for v, n in zip(graph.outputs, graph.output_names)],
         "input_ids": [ids[v] for v in graph.inputs],
         "output_ids": [ids[v] for v in graph.outputs],
-        "values": {**{str(i): {"dtype": v.dtype.np.name, "shape": list(v.shape)}
+        "values": {**{str(i): {"dtype": v.dtype.np.name, "shape": _shape_json(v.shape)}
                       for v, i in ids.items()},
-                   **{str(i): {"dtype": b.dtype.np.name, "shape": list(b.shape)}
+                   **{str(i): {"dtype": b.dtype.np.name, "shape": _shape_json(b.shape)}
                       for i, b in plan.extra_values.items()}},
         "constants": {str(i): f"weights/{i}.npy" for i in plan.constants},
         "steps": plan.steps,
+        **_symbol_manifest(plan, report),
         "library": "lib/model.so" if plan.kernels else None,
         "entry": ENTRY if plan.kernels and not plan.host_ops else None,
         "kernels": kernels,
@@ -575,6 +593,23 @@ def _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model) -> 
                        "bound_dims": report.get("bound_dims", {}),
                        "op_histogram": graph.op_histogram()},
     }
+
+
+def _symbol_manifest(plan: Plan, report: dict) -> dict:
+    """The shape program's data: the symbols in kernel order, their pointer slot, declared
+    ranges and the equalities the runtime checks."""
+    if not plan.symbols:
+        return {}
+    ctx = sym.context()
+    seen, constraints = set(), []
+    for a, b, where in ctx.equal:
+        key = (str(a), str(b))
+        if key not in seen and a != b:
+            seen.add(key)
+            constraints.append([dim_json(a), dim_json(b), where])
+    return {"symbols": plan.symbols, "dims_slot": dims_slot(plan),
+            "dims": {s: list(ctx.ranges.get(s, (1, None))) for s in plan.symbols},
+            "constraints": constraints}
 
 
 def dumps(obj) -> str:

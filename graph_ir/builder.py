@@ -11,6 +11,8 @@ import numpy as np
 
 from .graph import Graph, Node, Value
 from .ops import OpDef, get
+from .sym import SymbolicError, free_symbols
+from .symfold import fold_symbolic, is_symbolic_array, settle
 from .types import DType, TensorType
 
 FOLD_LIMIT = 1 << 22  # folded constants beyond this size only where the inputs are as large
@@ -30,6 +32,8 @@ class Builder:
         self.inputs: list[Value] = []
         self.nodes: list[Node] = []
         self.constants: dict[Value, np.ndarray] = {}
+        # shape values: int64 tensors known at compile time as expressions (symfold.py)
+        self.sym_values: dict[Value, np.ndarray] = {}
         self._names: set[str] = set()
 
     # ---- values ---------------------------------------------------------------------------
@@ -57,9 +61,23 @@ class Builder:
         self.constants[v] = arr
         return v
 
+    def sym_const(self, array: np.ndarray, name: str = "shape") -> Value:
+        """A shape value (an object array of ints and ``Sym``); one with no symbol left is an
+        ordinary int64 constant."""
+        array = settle(np.asarray(array, dtype=object))
+        if not is_symbolic_array(array):
+            return self.const(array, name)
+        v = Value(self.fresh(name), TensorType(tuple(int(d) for d in array.shape), DType.int64))
+        self.sym_values[v] = array
+        return v
+
     def value_of(self, v: Value | None) -> np.ndarray | None:
-        """The constant value of ``v``, or None when it is only known at run time."""
-        return None if v is None else self.constants.get(v)
+        """The compile-time value of ``v`` (a constant, or a shape value as an object array of
+        ints and ``Sym``), or None when it is only known at run time."""
+        if v is None:
+            return None
+        got = self.constants.get(v)
+        return self.sym_values.get(v) if got is None else got
 
     # ---- nodes ----------------------------------------------------------------------------
     def emit(self, op: OpDef | str, inputs, name: str = "", out_names=None, **attrs) -> list[Value]:
@@ -70,12 +88,28 @@ class Builder:
         node_name = self.fresh(name or op.name.lower()) if name else self.fresh(op.name.lower())
         out_names = out_names or [f"{node_name}_out{k}" if len(types) > 1 else node_name
                                   for k in range(len(types))]
+        if any(v in self.sym_values for v in inputs if v is not None):
+            return self._fold_symbolic(op, inputs, attrs, out_names, types)
         if self.fold and self._foldable(op, inputs, types):
             arrays = op.reference([self.value_of(v) for v in inputs], attrs)
             return [self.const(a, n, t.dtype) for a, n, t in zip(arrays, out_names, types)]
         outs = tuple(Value(self.fresh(n), t) for n, t in zip(out_names, types))
         self.nodes.append(Node(op, inputs, outs, attrs, node_name))
         return list(outs)
+
+    def _fold_symbolic(self, op, inputs, attrs, out_names, types) -> list[Value]:
+        """An op over shape values folds at compile time or raises SymbolicError."""
+        runtime = [v for v in inputs if v is not None and self.value_of(v) is None]
+        if runtime:
+            syms = set()
+            for v in inputs:
+                for d in (self.sym_values.get(v, np.empty(0)).reshape(-1) if v else ()):
+                    syms |= free_symbols(d)
+            raise SymbolicError(f"{op.name} mixes a shape value with run-time data "
+                                f"(%{runtime[0].name})", syms)
+        arrays = fold_symbolic(op, [self.value_of(v) for v in inputs], attrs)
+        return [self.sym_const(a, n) if is_symbolic_array(a) else self.const(a, n, t.dtype)
+                for a, n, t in zip(arrays, out_names, types)]
 
     def op(self, op: OpDef | str, *inputs, name: str = "", **attrs) -> Value:
         """Emit a single-output op and return its value."""

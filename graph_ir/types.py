@@ -1,7 +1,8 @@
 """Element types and tensor types of the graph IR.
 
-A shape is a tuple whose entries are ints (static) or strings (named symbolic dims such as
-``"batch"``). DType members carry their numpy dtype, their C type and their ONNX enum so that every
+A shape is a tuple whose entries are ints (static), symbolic sizes (``sym.Sym``: expressions
+over named dims such as ``batch`` and ``seq``) or strings (the data-dependent length of a host
+op's output, known only when it has run). DType members carry their numpy dtype, their C type and their ONNX enum so that every
 layer maps types through one table.
 """
 from __future__ import annotations
@@ -11,7 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-Dim = int | str
+from .sym import Sym
+
+Dim = int | Sym | str
 Shape = tuple[Dim, ...]
 
 
@@ -150,10 +153,25 @@ class TensorType:
         return all(isinstance(d, int) for d in self.shape)
 
     @property
+    def is_symbolic(self) -> bool:
+        """Every dim is known at compile time or an expression over the input symbols."""
+        return all(isinstance(d, (int, Sym)) for d in self.shape)
+
+    @property
     def numel(self) -> int:
         if not self.is_static:
             raise ValueError(f"numel of a symbolic shape {self.shape}")
         return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def sym_numel(self) -> int | Sym:
+        """The element count as an int or a symbolic expression (str dims: ValueError)."""
+        if not self.is_symbolic:
+            raise ValueError(f"numel of a data-dependent shape {self.shape}")
+        n = 1
+        for d in self.shape:
+            n = d * n
+        return n
 
     def __str__(self) -> str:
         return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"

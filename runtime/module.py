@@ -22,6 +22,7 @@ from .artifact import aligned_array, aligned_empty, read_artifact
 from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu import GpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
+from .shapes import ShapeProgram, shape_of
 from .specs import TensorSpec, validate_inputs
 
 _LIB_DIR = None
@@ -49,7 +50,12 @@ class Module:
         self._variants = [Module(path, contents, v) for v in m.get("variants", [])]
         if self._variants:
             return
-        self.values = {int(k): (storage_dtype(v["dtype"]), tuple(v["shape"]))
+        self._program = ShapeProgram(m) if m.get("symbols") else None
+        self._raw_shapes = {int(k): v["shape"] for k, v in m["values"].items()}
+        self._sigs: collections.OrderedDict = collections.OrderedDict()
+        static = self._program is None
+        self.values = {int(k): (storage_dtype(v["dtype"]),
+                                shape_of(v["shape"], {}) if static else None)
                        for k, v in m["values"].items()}
         self.constants = {int(k): contents.array(name) for k, name in m["constants"].items()}
         self.steps = m["steps"]
@@ -68,7 +74,8 @@ class Module:
         written = [v for s in self.steps if s["kind"] == "kernel" for v in s["outputs"]]
         self._fresh = [(v, *self.values[v]) for v in written if v not in self._offsets]
         self._owned_outputs -= set(self._offsets)  # the arena is reused: copy what lives there
-        self._out_views = self._output_views()
+        self._dims_slot = m.get("dims_slot")
+        self._out_views = self._output_views() if static else None
         fresh_at = {f[0]: k for k, f in enumerate(self._fresh)}
         outs = m["output_ids"]
         self._fresh_outputs = ([fresh_at[v] for v in outs] if len(set(outs)) == len(outs)
@@ -76,7 +83,7 @@ class Module:
                                else None)
         self._input_ids = list(m["input_ids"])
         self._input_checks = [(s.name, storage_dtype(s.dtype), tuple(s.shape))
-                              for s in self.input_specs]
+                              for s in self.input_specs]  # (symbolic dims never match exactly)
         self._raw_outputs = any(is_raw(s.dtype) for s in self.output_specs)
         self._pool: collections.deque[Workspace] = collections.deque()
         self._pool_lock = threading.Lock()
@@ -111,15 +118,16 @@ class Module:
         if pool is None:
             raise DeployError(f"{self.path}: this module was closed; cannot run it")
         arrays = self._exact_inputs(inputs) or validate_inputs(self.input_specs, inputs)
+        sig = None if self._program is None else self._signature(arrays)
         try:
             ws = pool.pop()
         except IndexError:
             ws = self._new_workspace()
         try:
             if self._entry is not None:
-                outs = self._run_entry(ws, arrays)
+                outs = self._run_entry(ws, arrays, sig)
             else:
-                outs = self._run_steps(ws, arrays)
+                outs = self._run_steps(ws, arrays, sig)
         finally:
             pool.append(ws)
         if self._raw_outputs:
@@ -160,20 +168,38 @@ class Module:
         with self._pool_lock:
             self.workspaces_made += 1
         arena = aligned_empty(self._arena_bytes) if self._arena_bytes else None
-        ptrs = (ctypes.c_void_p * max(self._n_values, 1))()
+        ptrs = (ctypes.c_void_p * max(self._n_values + 1, 1))()  # + the dims slot
         planned = {vid: self._alloc(vid, arena) for vid in self._offsets if vid in self.values}
         for vid, arr in (*self.constants.items(), *planned.items()):
             ptrs[vid] = _address(arr)
         return Workspace(arena, ptrs, planned)
 
-    def _run_entry(self, ws: Workspace, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def _signature(self, arrays: list[np.ndarray]) -> Signature:
+        """The shapes of every value at these input sizes (bound, checked and evaluated once
+        per distinct set of symbol values; the last SIGNATURES kept)."""
+        env = self._program.bind([a.shape for a in arrays])
+        key = self._program.values(env)
+        sig = self._sigs.get(key)
+        if sig is None:
+            shapes = {vid: shape_of(raw, env) for vid, raw in self._raw_shapes.items()}
+            sig = Signature(shapes, np.array(key, dtype=np.int64), self._output_views(shapes))
+            self._sigs[key] = sig
+            if len(self._sigs) > SIGNATURES:
+                self._sigs.popitem(last=False)
+        else:
+            self._sigs.move_to_end(key)
+        return sig
+
+    def _run_entry(self, ws: Workspace, arrays: list[np.ndarray], sig=None) -> list[np.ndarray]:
         """Inputs and fresh output buffers into the pointer table, the plan in one C call."""
         ptrs = ws.ptrs
         for vid, arr in zip(self._input_ids, arrays):
             ptrs[vid] = _address(arr)
+        if sig is not None:
+            ptrs[self._dims_slot] = sig.dims.ctypes.data
         fresh = []
         for vid, dtype, shape in self._fresh:
-            arr = aligned_array(shape, dtype)
+            arr = aligned_array(shape if sig is None else sig.shapes[vid], dtype)
             ptrs[vid] = _address(arr)
             fresh.append(arr)
         self._entry(ptrs)
@@ -181,23 +207,24 @@ class Module:
             return [fresh[k] for k in self._fresh_outputs]
         env = dict(zip(self._input_ids, arrays))
         env.update(zip((f[0] for f in self._fresh), fresh))
-        return [self._output(vid, env, ws) for vid in self.manifest["output_ids"]]
+        views = self._out_views if sig is None else sig.out_views
+        return [self._output(vid, env, ws, views) for vid in self.manifest["output_ids"]]
 
-    def _run_steps(self, ws: Workspace, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def _run_steps(self, ws: Workspace, arrays: list[np.ndarray], sig=None) -> list[np.ndarray]:
         """Step by step (plans with host ops): kernels through ctypes, host ops in numpy."""
         env: dict[int, np.ndarray] = dict(self.constants)
         env.update(zip(self.manifest["input_ids"], arrays))
         for step in self.steps:
-            self._step(step, env, ws.arena)
+            self._step(step, env, ws.arena, sig)
         owned = self._owned_outputs
         return [env[vid] if vid in owned else env[vid].copy() for vid in self.manifest["output_ids"]]
 
-    def _output(self, vid: int, env: dict, ws: Workspace) -> np.ndarray:
+    def _output(self, vid: int, env: dict, ws: Workspace, views: dict) -> np.ndarray:
         """An output of the entry path: a fresh buffer as it is; anything else (arena, input,
         constant, or a view of one of them) copied."""
         if vid in self._owned_outputs:
             return env[vid]
-        root, dtype, shape = self._out_views.get(vid, (vid, None, None))
+        root, dtype, shape = views.get(vid, (vid, None, None))
         src = env.get(root)
         if src is None:
             src = ws.planned.get(root)
@@ -207,14 +234,15 @@ class Module:
             src = src.view(dtype).reshape(shape)
         return src.copy()
 
-    def _output_views(self) -> dict[int, tuple]:
+    def _output_views(self, shapes: dict | None = None) -> dict[int, tuple]:
         """Output id -> (the value whose memory it views, its dtype, its shape)."""
         root: dict[int, int] = {}
         for step in self._views:
             src = step["inputs"][0]
             root[step["outputs"][0]] = root.get(src, src)
-        return {vid: (root[vid], *self.values[vid]) for vid in self.manifest["output_ids"]
-                if vid in root}
+        return {vid: (root[vid], self.values[vid][0],
+                      self.values[vid][1] if shapes is None else shapes[vid])
+                for vid in self.manifest["output_ids"] if vid in root}
 
     def _variant_for(self, inputs) -> Module:
         given = inputs if isinstance(inputs, dict) else dict(zip((s.name for s in self.input_specs),
@@ -229,24 +257,30 @@ class Module:
         raise InputError(f"no compiled variant for input shapes {got}; this artifact accepts: "
                          f"{accepted} (recompile with another --shape to add one)")
 
-    def _alloc(self, vid: int, arena) -> np.ndarray:
+    def _alloc(self, vid: int, arena, sig=None) -> np.ndarray:
         dtype, shape = self.values[vid]
+        if sig is not None:
+            shape = sig.shapes[vid]
         offset = self._offsets.get(vid)
         if offset is None:
             return aligned_array(shape, dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return arena[offset:offset + nbytes].view(dtype).reshape(shape)
 
-    def _step(self, step: dict, env: dict, arena) -> None:
+    def _step(self, step: dict, env: dict, arena, sig=None) -> None:
         kind = step["kind"]
         if kind == "kernel":
             for vid in step["outputs"]:
-                env[vid] = self._alloc(vid, arena)
+                env[vid] = self._alloc(vid, arena, sig)
             args = [env[v] for v in step["inputs"]] + [env[v] for v in step["outputs"]]
+            if step.get("dims"):
+                args.append(sig.dims)
             ptrs = (ctypes.c_void_p * len(args))(*[a.ctypes.data for a in args])
             self._fns[step["symbol"]](ptrs)
         elif kind == "view":
             dtype, shape = self.values[step["outputs"][0]]
+            if sig is not None:
+                shape = sig.shapes[step["outputs"][0]]
             env[step["outputs"][0]] = env[step["inputs"][0]].view(dtype).reshape(shape)
         elif kind == "host":
             ins = [None if v is None else env[v] for v in step["inputs"]]
@@ -272,6 +306,19 @@ def _address(arr: np.ndarray) -> int:
         return ctypes.addressof(_from_buffer(arr))
     except (TypeError, ValueError, BufferError):
         return arr.ctypes.data
+
+
+SIGNATURES = 64  # distinct input sizes whose evaluated shapes a module keeps
+
+
+class Signature:
+    """One set of symbol values: every value's shape, the int64 array kernels receive, and
+    the outputs' views."""
+
+    __slots__ = ("dims", "out_views", "shapes")
+
+    def __init__(self, shapes: dict, dims: np.ndarray, out_views: dict):
+        self.shapes, self.dims, self.out_views = shapes, dims, out_views
 
 
 class Workspace:

@@ -17,7 +17,13 @@ class TensorSpec:
 
     @staticmethod
     def from_json(d: dict) -> TensorSpec:
-        return TensorSpec(d["name"], d["dtype"], tuple(d["shape"]))
+        return TensorSpec(d["name"], d["dtype"], tuple(
+            x["text"] if isinstance(x, dict) else x for x in d["shape"]))
+
+    @property
+    def is_symbolic(self) -> bool:
+        """Some dims are symbolic sizes (``batch``, ``2*seq``), bound when the module runs."""
+        return not all(isinstance(d, int) for d in self.shape)
 
     def __str__(self) -> str:
         return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}]"
@@ -43,7 +49,12 @@ def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
         if not accepts(spec.dtype, arr.dtype):
             raise InputError(f"input '{spec.name}': expected dtype {spec.dtype}, got {arr.dtype} "
                              f"(convert with .astype('{spec.dtype}'))")
-        if tuple(arr.shape) != tuple(spec.shape):
+        if spec.is_symbolic:
+            if arr.ndim != len(spec.shape) or any(
+                    isinstance(w, int) and g != w for g, w in zip(arr.shape, spec.shape)):
+                raise InputError(f"input '{spec.name}': expected shape "
+                                 f"[{', '.join(map(str, spec.shape))}], got {list(arr.shape)}")
+        elif tuple(arr.shape) != tuple(spec.shape):
             dims = "x".join(map(str, arr.shape))
             raise InputError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
                              f"got {list(arr.shape)} (the artifact is compiled for fixed shapes; "

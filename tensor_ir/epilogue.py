@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..graph_ir.sym import Sym
 from .expr import (
     INDEX,
     B,
@@ -113,14 +114,14 @@ def _flat(index, shape, s: Stage):
         c = affine_coeff(flat, v)
         if c is None:
             return None
-        coeffs.append(c if n > 1 else 0)
+        coeffs.append(c if isinstance(n, Sym) or n > 1 else 0)  # a size-1 symbol reads 0
     base = _eval_index(substitute(flat, {v: Const(0, INDEX) for v in s.vars}))
     return None if base is None else (tuple(coeffs), base)
 
 
 def _eval_index(e: Expr) -> int | None:
     if isinstance(e, Const):
-        return int(e.value)
+        return e.value if isinstance(e.value, Sym) else int(e.value)
     if isinstance(e, Binary) and e.op in _INDEX_OPS:
         a, b = _eval_index(e.a), _eval_index(e.b)
         return None if a is None or b is None else _INDEX_OPS[e.op](a, b)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ..graph_ir import sym
+from ..graph_ir.sym import Sym
 from ..graph_ir.types import DType
 
 INDEX = DType.int64
@@ -181,17 +183,38 @@ class Reduce(Expr):
 # ---- constructors --------------------------------------------------------------------------
 
 def as_expr(x, dtype: DType = INDEX) -> Expr:
+    """An Expr of ``x``; a symbolic size (``Sym``) is an index constant known at run time."""
     if isinstance(x, Expr):
         return x
+    if isinstance(x, Sym):
+        return Const(x, INDEX)
     if isinstance(x, bool):
         return Const(bool(x), DType.bool)
     return Const(x, dtype)
 
 
 def const(value, dtype: DType) -> Const:
+    if isinstance(value, Sym):
+        return Const(value, dtype)
     if dtype is DType.bool:
         return Const(bool(value), dtype)
     return Const(float(value) if dtype.is_float else int(value), dtype)
+
+
+def sym_prod(dims):
+    """The product of sizes (ints or Sym)."""
+    out = 1
+    for d in dims:
+        out = d * out if isinstance(d, Sym) else out * int(d)
+    return out
+
+
+def reciprocal(n, dtype: DType) -> Expr:
+    """1/n in ``dtype`` for a count ``n`` (0 for an empty set); a run-time division where the
+    count is a symbolic size."""
+    if isinstance(n, Sym):
+        return binary(B.DIV, const(1.0, dtype), cast(Const(n, INDEX), dtype))
+    return const(1.0 / n if n else 0.0, dtype)
 
 
 def binary(op: B, a, b) -> Expr:
@@ -230,9 +253,11 @@ def minimum(a, b) -> Expr:
 
 
 def _fold_index(op: B, a: int, b: int):
+    nonzero = isinstance(b, Sym) or b != 0
     table = {B.ADD: lambda: a + b, B.SUB: lambda: a - b, B.MUL: lambda: a * b,
-             B.FLOORDIV: lambda: a // b if b else None, B.MOD: lambda: a % b if b else None,
-             B.MAX: lambda: max(a, b), B.MIN: lambda: min(a, b)}
+             B.FLOORDIV: lambda: sym.floordiv(a, b) if nonzero else None,
+             B.MOD: lambda: sym.mod(a, b) if nonzero else None,
+             B.MAX: lambda: sym.smax(a, b), B.MIN: lambda: sym.smin(a, b)}
     fn = table.get(op)
     return fn() if fn else None
 
@@ -324,5 +349,5 @@ def affine_coeff(e: Expr, v: Var) -> int | None:
         for x, y in ((e.a, e.b), (e.b, e.a)):
             if isinstance(y, Const) and y.dtype is INDEX:
                 c = affine_coeff(x, v)
-                return None if c is None else c * int(y.value)
+                return None if c is None else c * y.value
     return None

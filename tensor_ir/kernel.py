@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..graph_ir.sym import Sym
 from ..graph_ir.types import DType
 from .expr import Expr, Var, as_expr
 
@@ -18,11 +19,11 @@ from .expr import Expr, Var, as_expr
 @dataclass(frozen=True)
 class Buffer:
     name: str
-    shape: tuple[int, ...]
+    shape: tuple  # ints and Sym expressions
     dtype: DType
 
     @property
-    def numel(self) -> int:
+    def numel(self):
         n = 1
         for d in self.shape:
             n *= d
@@ -66,7 +67,7 @@ class PermutedBuffer(Buffer):
 class Stage:
     out: str
     vars: tuple[Var, ...]
-    extents: tuple[int, ...]  # domain of ``vars`` (the output shape unless scattering)
+    extents: tuple  # domain (ints, or Sym: sizes passed to the kernel at run time) of ``vars`` (the output shape unless scattering)
     body: Expr
     store_index: tuple[Expr, ...] | None = None  # scatter: write out[store_index] (serial)
     accumulate: str | None = None  # scatter reduction: "add", "mul", "max", "min"
@@ -134,4 +135,5 @@ def reduce_vars(extents, prefix: str = "r") -> tuple[tuple[Var, int], ...]:
     """Fresh reduction variables (unique names, so nested reductions never clash)."""
     _counter[0] += 1
     tag = _counter[0]
-    return tuple((Var(f"{prefix}{tag}_{k}"), int(e)) for k, e in enumerate(extents))
+    return tuple((Var(f"{prefix}{tag}_{k}"), e if isinstance(e, Sym) else int(e))
+                 for k, e in enumerate(extents))

@@ -3,10 +3,27 @@ wins (TVM dlight style). Tuning spaces (issue: CPU performance) will sit beside 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from ..graph_ir.sym import Sym, hint, hint_shape
+
 from .attention import AttentionStage
-from .expr import B, Binary, Cast, Const, Expr, Load, R, Reduce, Select, Var, affine_coeff, walk
+from .expr import (
+    B,
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    Load,
+    R,
+    Reduce,
+    Select,
+    Var,
+    affine_coeff,
+    transform,
+    walk,
+)
 from .kernel import Kernel, Stage
 
 PARALLEL_MIN_WORK = 1 << 18  # multiply-adds below which an OpenMP region costs more than it gives
@@ -52,6 +69,22 @@ class StageSchedule:
         return out
 
 
+def hinted(stage: Stage) -> Stage:
+    """``stage`` with its symbolic extents replaced by their hints (``sym.hint``), for the
+    rules' decisions only: the schedule they choose must be (and is) correct at every size,
+    since backends render the original stage's extents, symbols included."""
+    if not _symbolic(stage):
+        return stage
+    body = transform(stage.body, lambda e: Reduce(e.op, tuple((v, hint(n)) for v, n in e.vars),
+                                                  e.body, e.dtype) if isinstance(e, Reduce) else None)
+    return dataclasses.replace(stage, extents=hint_shape(stage.extents), body=body)
+
+
+def _symbolic(stage: Stage) -> bool:
+    return any(isinstance(e, Sym) for e in stage.extents) or any(
+        isinstance(n, Sym) for x in walk(stage.body) if isinstance(x, Reduce) for _, n in x.vars)
+
+
 def tunable_stages(kernel: Kernel, vector_bits: int = 512) -> list[int]:
     """Stages whose schedule has a tuning space: those the default rules give a register tile
     (a contraction an earlier rule takes, a layer norm's dot products say, has none)."""
@@ -67,14 +100,14 @@ def stage_work(stage: Stage) -> int:
         sp = stage.spec
         rows = 1
         for _, e in sp.outer:
-            rows *= e
-        return rows * sp.sq * sp.sk * (sp.dk + sp.dv)
+            rows *= hint(e)
+        return rows * hint(sp.sq) * hint(sp.sk) * (hint(sp.dk) + hint(sp.dv))
     n = 1
     for e in stage.extents:
-        n *= e
+        n *= hint(e)
     for red in {x for x in walk(stage.body) if isinstance(x, Reduce)}:
         for _, e in red.vars:
-            n *= e
+            n *= hint(e)
     return n
 
 
@@ -103,6 +136,10 @@ def injective_store(stage: Stage) -> bool:
     """Whether distinct points of ``stage`` store to distinct elements: every store index is
     affine in its own variables (no variable in two indices) with mixed-radix coefficients
     (each larger than the reach of the smaller ones), and every variable is used."""
+    if any(isinstance(e, Sym) for e in stage.extents) or any(
+            isinstance(x, Const) and isinstance(x.value, Sym)
+            for ix in stage.store_index for x in walk(ix)):
+        return False  # sizes known only at run time: run in order
     extents = dict(zip(stage.vars, stage.extents))
     used: set = set()
     for ix in stage.store_index:
@@ -354,6 +391,10 @@ def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None,
         if isinstance(stage, AttentionStage):  # a template of its own (backends render it)
             out.append(StageSchedule(template="attention"))
             continue
+        if stage.store_index is not None and _symbolic(stage):
+            out.append(StageSchedule())  # a scatter over run-time sizes runs in order
+            continue
+        stage = hinted(stage)
         tuned = (overrides or {}).get(k)
         if tuned and "mr" in tuned:
             sched = rule_gemm_tile(stage, tuned["mr"], tuned["nr"])

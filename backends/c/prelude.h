@@ -93,6 +93,8 @@ static inline int32_t dp_wrap_u(int64_t v, int bits) { return (int32_t)(v & ((1l
 #define DP_MIN(a, b) (((a) < (b)) | ((a) != (a)) ? (a) : (b))
 #define DP_SIGN(a) ((a) > 0 ? 1 : ((a) < 0 ? -1 : 0))
 static inline int64_t dp_pymod_i(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline int64_t dp_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t dp_floormod(int64_t a, int64_t b) { return dp_pymod_i(a, b); }
 static inline uint64_t dp_pymod_u(uint64_t a, uint64_t b) { return a % b; }
 static inline double dp_pymod_f(double a, double b) { double r = fmod(a, b); if (r == 0) return copysign(0.0, b); return ((r < 0) != (b < 0)) ? r + b : r; }
 static inline int64_t dp_ipow(int64_t a, int64_t b) { int64_t r = 1; if (b < 0) return 0; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }

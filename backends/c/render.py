@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ...graph_ir.sym import Sym, bounds, free_symbols, hint, smax
 from ...graph_ir.types import DType
 from ...tensor_ir.attention import AttentionStage
 from ...tensor_ir.expr import (
@@ -115,11 +116,71 @@ def _fsuffix(dtype: DType) -> str:
     return "" if dtype is DType.float64 else "f"
 
 
-class CRenderer:
-    """Renders one kernel at a time; keeps counters for fresh C identifiers."""
+def c_size(x) -> str:
+    """A size as C: an int literal, or a symbolic size (``Sym``) over the kernel's ``sz_*``
+    locals (read from its dims argument)."""
+    if isinstance(x, str):  # already C (a loop bound variable)
+        return x
+    if not isinstance(x, Sym):
+        return str(int(x))
+    terms = []
+    for mono, coeff in x.terms:
+        factors = [_c_atom(a) for a in mono]
+        if coeff != 1 or not factors:
+            factors.insert(0, f"{coeff}LL" if abs(coeff) > 2 ** 31 - 1 else str(coeff))
+        terms.append("*".join(factors))
+    return "(" + " + ".join(terms) + ")"
 
-    def __init__(self) -> None:
+
+def _c_atom(a) -> str:
+    if isinstance(a, str):
+        return size_var(a)
+    x, y = (c_size(v) for v in a.args)
+    if a.kind in ("floordiv", "mod"):
+        exact = bounds(a.args[0])[0] is not None and bounds(a.args[0])[0] >= 0
+        if a.kind == "floordiv":  # floor, also for a negative numerator
+            return f"({x} / {y})" if exact else f"dp_floordiv({x}, {y})"
+        return f"({x} % {y})" if exact else f"dp_floormod({x}, {y})"
+    return f"DP_{a.kind.upper()}({x}, {y})"
+
+
+def size_var(name: str) -> str:
+    return f"sz_{name}"
+
+
+def kernel_symbols(k: Kernel) -> set[str]:
+    """The symbols a kernel's sizes, indices and scratch depend on."""
+    out: set[str] = set()
+    for b in (*k.inputs, *k.outputs, *k.temps, *(a for a, _ in k.aliases)):
+        for d in b.shape:
+            out |= free_symbols(d)
+    for st in k.stages:
+        for e in getattr(st, "extents", ()):
+            out |= free_symbols(e)
+        for e in (st.body, *(st.store_index or ())) if isinstance(st, Stage) else ():
+            for x in walk(e):
+                if isinstance(x, Const):
+                    out |= free_symbols(x.value)
+                elif isinstance(x, Reduce):
+                    for _, n in x.vars:
+                        out |= free_symbols(n)
+    if any(isinstance(st, AttentionStage) for st in k.stages) and _sym_in_repr(k):
+        raise NotImplementedError("attention template over symbolic sizes")
+    return out
+
+
+def _sym_in_repr(k: Kernel) -> bool:
+    return "Sym(" in repr(k.stages)
+
+
+class CRenderer:
+    """Renders one kernel at a time; keeps counters for fresh C identifiers. ``symbols``: the
+    artifact's symbolic sizes in the order of the dims array kernels receive after their
+    buffers."""
+
+    def __init__(self, symbols: list[str] | None = None) -> None:
         self._tmp = 0
+        self.symbols = list(symbols or [])
 
     # ---- module / kernel ---------------------------------------------------------------
     def module(self, rendered: list[str]) -> str:
@@ -133,14 +194,19 @@ class CRenderer:
             ctype = b.dtype.c_type
             qual = "const " if pos < len(k.inputs) else ""
             lines.append(f"  {qual}{ctype}* restrict {_ident(b.name)} = ({qual}{ctype}*)args[{pos}];")
+        used = kernel_symbols(k)
+        if used:  # symbolic sizes: an int64 array after the buffers, in artifact order
+            lines.append(f"  const int64_t* dims_ = (const int64_t*)args[{len(k.inputs) + len(k.outputs)}];")
+            lines += [f"  const int64_t {size_var(n)} = dims_[{self.symbols.index(n)}];"
+                      for n in sorted(used)]
         offset = 0
         if k.temps:  # carved from the calling thread's scratch buffer (kept between calls)
-            total = sum(_align64(max(t.numel, 1) * t.dtype.itemsize) for t in k.temps)
-            lines.append(f"  char* scratch_ = (char*)dp_scratch({total});")
+            total = sum(_align64(smax(t.numel, 1) * t.dtype.itemsize) for t in k.temps)
+            lines.append(f"  char* scratch_ = (char*)dp_scratch({c_size(total)});")
         for t in k.temps:
             lines.append(f"  {t.dtype.c_type}* restrict {_ident(t.name)} = "
-                         f"({t.dtype.c_type}*)(scratch_ + {offset});")
-            offset += _align64(max(t.numel, 1) * t.dtype.itemsize)
+                         f"({t.dtype.c_type}*)(scratch_ + {c_size(offset)});")
+            offset += _align64(smax(t.numel, 1) * t.dtype.itemsize)
         for view, base in k.aliases:  # the same memory, indexed with another shape
             lines.append(f"  {view.dtype.c_type}* {_ident(view.name)} = "
                          f"({view.dtype.c_type}*){_ident(base)};")
@@ -219,30 +285,38 @@ class CRenderer:
         ind = "  " * (depth + 1)
         ej_full, ej_rem, ei_rem = ej - ej % g.nr, ej % g.nr, ei % g.mr
 
-        # axis -> (first, end of the full tiles, narrower last tile, step, variable)
-        spans = {"i": ("0", ei_full, ei_rem, g.mr, "it_"), "j": ("0", ej_full, ej_rem, g.nr, "jt_")}
+        # axis -> (first, end of the full tiles, narrower last tile, step, variable, extent)
+        spans = {"i": ("0", ei_full, ei_rem, g.mr, "it_", ei),
+                 "j": ("0", ej_full, ej_rem, g.nr, "jt_", ej)}
         may_split = not sched.parallel and stage_work(st) >= PARALLEL_MIN_WORK
 
         def nest(order: str, size: dict, ind: str, split: bool = may_split) -> None:
             # full tiles along the first axis of ``order``, then one narrower tile; inside, the
-            # same for the next axis: every tile size is a compile-time constant
+            # same for the next axis: every tile size is a compile-time constant (a symbolic
+            # extent's leftover rows or columns run as tiles of one, in a run-time loop)
             if not order:
                 lines.extend(self._gemm_tile(red, a, b, epi, out, st, tile, ctype, size["i"],
                                              size["j"], ind))
                 return
-            first, full, rem, step, var = spans[order[0]]
-            if full:
-                if split and len(order) == 2 and full >= 2 * step:
+            first, full, rem, step, var, extent = spans[order[0]]
+            if isinstance(full, Sym) or full:
+                if split and len(order) == 2 and hint(full) >= 2 * step:
                     lines.append(f"{ind}#pragma omp parallel for schedule(static)")
-                lines.append(f"{ind}for (int64_t {var} = {first}; {var} < {full}; {var} += {step}) {{")
+                lines.append(f"{ind}for (int64_t {var} = {first}; {var} < {c_size(full)}; "
+                             f"{var} += {step}) {{")
                 nest(order[1:], {**size, order[0]: step}, ind + "  ", split)
                 lines.append(f"{ind}}}")
-            if rem:
-                lines.append(f"{ind}{{ const int64_t {var} = {full};")
+            if isinstance(rem, Sym):
+                lines.append(f"{ind}for (int64_t {var} = {c_size(full)}; {var} < {c_size(extent)}; "
+                             f"++{var}) {{")
+                nest(order[1:], {**size, order[0]: 1}, ind + "  ", split)
+                lines.append(f"{ind}}}")
+            elif rem:
+                lines.append(f"{ind}{{ const int64_t {var} = {c_size(full)};")
                 nest(order[1:], {**size, order[0]: rem}, ind + "  ", split)
                 lines.append(f"{ind}}}")
 
-        rb = g.row_block
+        rb = 0 if isinstance(ei, Sym) else g.row_block
         if rb and not g.cols_outer and ei_full > rb:
             # blocks of rb rows (their a rows stay in cache) outside the column panels, each
             # panel streamed once per block instead of once per row tile
@@ -250,11 +324,11 @@ class CRenderer:
                 lines.append(f"{ind}#pragma omp parallel for schedule(static)")
             lines.append(f"{ind}for (int64_t ib_ = 0; ib_ < {ei_full}; ib_ += {rb}) {{")
             lines.append(f"{ind}  const int64_t ie_ = ib_ + {rb} < {ei_full} ? ib_ + {rb} : {ei_full};")
-            spans["i"] = ("ib_", "ie_", 0, g.mr, "it_")
+            spans["i"] = ("ib_", "ie_", 0, g.mr, "it_", ei)
             nest("ji", {}, ind + "  ", False)
             lines.append(f"{ind}}}")
             if ei_rem:
-                spans["i"] = ("0", ei_full, ei_rem, g.mr, "it_")
+                spans["i"] = ("0", ei_full, ei_rem, g.mr, "it_", ei)
                 lines.append(f"{ind}{{ const int64_t it_ = {ei_full};")
                 nest("j", {"i": ei_rem}, ind + "  ", may_split)
                 lines.append(f"{ind}}}")
@@ -400,7 +474,7 @@ class CRenderer:
                 lines.append(f"{pad}#pragma omp parallel for{collapse} schedule(static)")
             if simd and k == len(vars_) - 1:
                 lines.append(f"{pad}#pragma omp simd{clause}")
-            lines.append(f"{pad}for (int64_t {v.name} = 0; {v.name} < {int(n)}; ++{v.name}) {{")
+            lines.append(f"{pad}for (int64_t {v.name} = 0; {v.name} < {c_size(n)}; ++{v.name}) {{")
         return len(vars_)
 
     @staticmethod
@@ -425,7 +499,7 @@ class CRenderer:
         for dim, ix in reversed(list(zip(buf.shape, index))):
             if dim != 1:
                 s = self.index_expr(ix)
-                terms.append(s if stride == 1 else f"({s})*{stride}")
+                terms.append(s if stride == 1 else f"({s})*{c_size(stride)}")
             stride *= dim
         return " + ".join(reversed(terms)) or "0"
 
@@ -579,8 +653,8 @@ class CRenderer:
         return f"{prefix}{self._tmp}"
 
 
-def _align64(n: int) -> int:
-    return -(-n // 64) * 64
+def _align64(n):
+    return (n + 63) // 64 * 64
 
 
 def _ident(name: str) -> str:
@@ -588,6 +662,8 @@ def _ident(name: str) -> str:
 
 
 def _literal(value, dtype: DType) -> str:
+    if isinstance(value, Sym):
+        return f"(({compute_type(dtype)}){c_size(value)})"
     if dtype is DType.bool:
         return "1" if value else "0"
     if dtype.is_float:

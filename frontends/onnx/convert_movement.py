@@ -14,6 +14,8 @@ from onnx import numpy_helper
 from ...graph_ir.ops import elementwise as ew
 from ...graph_ir.ops import movement as mv
 from ...graph_ir.ops.registry import broadcast_shapes
+from ...graph_ir.sym import Sym, SymbolicError, bounds, exact_div, free_symbols, smax, smin
+from ...graph_ir.symfold import is_symbolic_array, sym_array
 from ...graph_ir.types import DType
 from .registry import converter
 
@@ -24,12 +26,13 @@ def axis_of(axis: int, rank: int, what: str = "axis") -> int:
     return axis + rank if axis < 0 else axis
 
 
-def ints(arr) -> list[int]:
-    return [int(v) for v in np.asarray(arr).reshape(-1)]
+def ints(arr) -> list:
+    """The values of an integer operand: ints, and ``Sym`` entries of a shape value."""
+    return [v if isinstance(v, Sym) else int(v) for v in np.asarray(arr).reshape(-1)]
 
 
 def reshape_to(cx, x, shape, name=""):
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(d if isinstance(d, Sym) else int(d) for d in shape)
     if shape == tuple(x.shape):
         return x
     return cx.b.op(mv.Reshape, x, name=name, shape=shape)
@@ -37,11 +40,22 @@ def reshape_to(cx, x, shape, name=""):
 
 def resolve_reshape(in_shape, target, allowzero=0) -> tuple[int, ...]:
     """ONNX Reshape target (0 copies the input dim unless allowzero, -1 is inferred)."""
-    out = [in_shape[k] if (d == 0 and not allowzero) else int(d) for k, d in enumerate(target)]
+    out = [in_shape[k] if (not isinstance(d, Sym) and d == 0 and not allowzero) else d
+           for k, d in enumerate(target)]
     if -1 in out:
-        known = int(np.prod([d for d in out if d != -1]))
-        total = int(np.prod(in_shape))
-        out[out.index(-1)] = total // known if known else 0
+        known, total = 1, 1
+        for d in out:
+            known = known * d if d != -1 else known
+        for d in in_shape:
+            total = total * d
+        if isinstance(known, Sym) or isinstance(total, Sym):
+            q = exact_div(total, known)
+            if q is None:
+                raise SymbolicError(f"Reshape: {total} elements do not divide by {known}",
+                                    free_symbols(total) | free_symbols(known))
+            out[out.index(-1)] = q
+        else:
+            out[out.index(-1)] = total // known if known else 0
     return tuple(out)
 
 
@@ -72,8 +86,14 @@ def convert_flatten(cx, node, ins):
     if not -rank <= axis <= rank:
         raise ValueError(f"Flatten axis {axis} out of range for rank {rank}")
     axis = axis + rank if axis < 0 else axis
-    head = int(np.prod(x.shape[:axis]))
-    return [reshape_to(cx, x, (head, int(np.prod(x.shape[axis:]))), node.name)]
+    return [reshape_to(cx, x, (_prod(x.shape[:axis]), _prod(x.shape[axis:])), node.name)]
+
+
+def _prod(dims):
+    out = 1
+    for d in dims:
+        out = d * out
+    return out
 
 
 @converter("Squeeze")
@@ -136,17 +156,19 @@ def convert_constant(cx, node, ins):
 @converter("Shape")
 def convert_shape(cx, node, ins):
     shape = list(ins[0].shape)
-    if not all(isinstance(d, int) for d in shape):
-        raise ValueError(f"Shape of a symbolic shape {shape}; bind it with --shape")
+    if not ins[0].type.is_symbolic:
+        raise ValueError(f"Shape of a data-dependent shape {shape} (a host op's output) is not "
+                         "supported")
     r = len(shape)
     start, end = cx.attr(node, "start", 0), cx.attr(node, "end", r)
     start, end = [min(max(v + r if v < 0 else v, 0), r) for v in (start, end)]
-    return [cx.b.const(np.array(shape[start:end], np.int64), node.output[0])]
+    return [cx.b.sym_const(sym_array(shape[start:end]), node.output[0])]
 
 
 @converter("Size")
 def convert_size(cx, node, ins):
-    return [cx.b.const(np.int64(np.prod(ins[0].shape, dtype=np.int64)), node.output[0])]
+    n = ins[0].type.sym_numel
+    return [cx.b.sym_const(sym_array([n], ()), node.output[0])]
 
 
 @converter("ConstantOfShape")
@@ -161,9 +183,10 @@ def convert_constant_of_shape(cx, node, ins):
 @converter("Range")
 def convert_range(cx, node, ins):
     start, limit, delta = (cx.const_of(v, f"Range's {w}") for v, w in zip(ins, ("start", "limit", "delta")))
-    dtype = DType.from_np(start.dtype)
-    return [cx.b.op(mv.Range, name=node.name, start=start.item(), limit=limit.item(),
-                    delta=delta.item(), dtype=dtype)]
+    dtype = ins[0].dtype
+    start, limit, delta = (a.reshape(-1)[0] if is_symbolic_array(a) else a.item()
+                           for a in (start, limit, delta))
+    return [cx.b.op(mv.Range, name=node.name, start=start, limit=limit, delta=delta, dtype=dtype)]
 
 
 @converter("EyeLike")
@@ -256,16 +279,33 @@ def slice_of(cx, x, starts, ends, axes, steps, name=""):
         n = x.shape[a]
         if step == 0:
             raise ValueError("Slice: steps must not be 0")
-        s, e = (s + n if s < 0 else s), (e + n if e < 0 else e)
-        if step > 0:
-            s, e = min(max(s, 0), n), min(max(e, 0), n)
-        else:
-            s, e = min(max(s, 0), n - 1), min(max(e, -1), n - 1)
+        s, e = _clamp_bounds(s, e, n, step)
         st[a], sp[a] = s, step
-        sz[a] = max(0, -((e - s) // -step))  # ceil((e - s) / step)
+        sz[a] = smax(0, -((e - s) // -step))  # ceil((e - s) / step)
     if sz == list(x.shape) and all(p == 1 for p in sp):
         return x
     return cx.b.op(mv.Slice, x, name=name, starts=tuple(st), steps=tuple(sp), sizes=tuple(sz))
+
+
+TO_END = 1 << 31  # a slice bound at least this large means "to the end" of a symbolic dim
+
+
+def _clamp_bounds(s, e, n, step):
+    """ONNX slice bounds made non-negative and clamped into ``[0, n]`` (``[-1, n - 1]`` for
+    negative steps), symbolically where ``n`` is a Sym."""
+    s, e = (s + n if _neg(s) else s), (e + n if _neg(e) else e)
+    if isinstance(n, Sym) and not isinstance(e, Sym) and step > 0 and e >= TO_END:
+        e = n
+    if isinstance(n, Sym) and not isinstance(e, Sym) and step < 0 and e <= -TO_END:
+        e = -1
+    if step > 0:
+        return smin(smax(s, 0), n), smin(smax(e, 0), n)
+    return smin(smax(s, 0), n - 1), smin(smax(e, -1), n - 1)
+
+
+def _neg(v) -> bool:
+    return not isinstance(v, Sym) and v < 0 or isinstance(v, Sym) and bounds(v)[1] is not None \
+        and bounds(v)[1] < 0
 
 
 @converter("Slice")

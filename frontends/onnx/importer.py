@@ -14,6 +14,7 @@ from onnx import numpy_helper
 from ...errors import ModelError, UnsupportedOpsError
 from ...graph_ir.builder import Builder
 from ...graph_ir.graph import Graph, Value
+from ...graph_ir.sym import Sym, free_symbols, symbol_name
 from ...graph_ir.types import DType, TensorType
 from .expand import expand_functions, lacks
 from .registry import CONVERTERS, DEFAULT_DOMAINS, NeedsConstant, OnnxCtx, op_key
@@ -96,7 +97,8 @@ def _all_nodes(g: onnx.GraphProto):
 def import_onnx(model, shapes: dict[str, tuple] | None = None,
                 constant_inputs: dict[str, np.ndarray] | None = None,
                 source: str = "model") -> tuple[Graph, dict]:
-    """Convert to a graph IR. ``shapes`` binds input dims; symbolic dims left unbound become 1.
+    """Convert to a graph IR. ``shapes`` binds input dims; dims left unbound stay symbolic
+    (``sym.Sym``; anonymous ones are named ``<input>_dim<k>``).
     ``constant_inputs`` turns graph inputs into constants (used for shape specialization).
     Returns the graph and a report (bound dims, opset)."""
     proto, model_dir = load_model(model)
@@ -159,6 +161,9 @@ def _bind_inputs(cx: OnnxCtx, g: onnx.GraphProto, shapes, const_inputs, bound) -
     if unknown:
         raise ModelError(f"shape given for unknown input(s) {unknown}; the model's inputs are "
                          f"{names}")
+    for vi in g.input:  # dims that --shape binds hold in every input that names them
+        if vi.name in shapes and vi.name not in inits:
+            _input_type(vi, shapes[vi.name], bound)
     for vi in g.input:
         if vi.name in inits:
             continue  # old-IR models list initializers among inputs
@@ -180,19 +185,19 @@ def _input_type(vi: onnx.ValueInfoProto, override, bound: dict) -> TensorType:
         dtype = DType.from_onnx(tt.elem_type)
     except TypeError as e:
         raise ModelError(f"input '{vi.name}': {e}") from None
-    dims = []
+    dims: list = []
     for k, d in enumerate(tt.shape.dim):
         if d.HasField("dim_value"):
             dims.append(int(d.dim_value))
-        else:
-            sym = d.dim_param or f"{vi.name}_dim{k}"
-            dims.append(bound.setdefault(sym, 1))
+        else:  # a named (or anonymous) dim: a symbol, unless bound below or by an earlier input
+            name = symbol_name(d.dim_param or f"{vi.name}_dim{k}")
+            dims.append(bound[name] if name in bound else Sym.symbol(name))
     if override is not None:
         if len(override) != len(dims):
             raise ModelError(f"--shape {vi.name}: rank {len(override)} given, model input has "
                              f"rank {len(dims)} ({list(dims)})")
-        for k, (d, o) in enumerate(zip(tt.shape.dim, override)):
-            if d.HasField("dim_param") and d.dim_param:
-                bound[d.dim_param] = int(o)
+        for d, o in zip(dims, override):
+            if isinstance(d, Sym) and len(free_symbols(d)) == 1:
+                bound[next(iter(free_symbols(d)))] = int(o)
         dims = [int(x) for x in override]
     return TensorType(tuple(dims), dtype)

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from ..sym import Sym, SymbolicError, floordiv, free_symbols, smax
 from ..types import DType
 from .registry import REQUIRED, Kind, broadcast_shapes, define, same_dtype
 
@@ -176,8 +177,16 @@ Full = define("Full", Kind.OPAQUE, lambda ins, a: [tuple(a["shape"])], lambda in
               shape=REQUIRED, value=0, dtype=DType.float32, doc="A tensor filled with one value.")
 
 
-def range_count(start, limit, delta) -> int:
-    """Number of elements of ONNX Range: max(ceil((limit - start) / delta), 0)."""
+def range_count(start, limit, delta):
+    """Number of elements of ONNX Range: max(ceil((limit - start) / delta), 0); a symbolic
+    count (``Sym``) where the bounds are symbolic sizes and the step an integer."""
+    if any(isinstance(x, Sym) for x in (start, limit, delta)):
+        if isinstance(delta, Sym) or int(delta) == 0:
+            raise SymbolicError(f"Range with step {delta} over symbolic bounds",
+                                free_symbols(start) | free_symbols(limit) | free_symbols(delta))
+        d = int(delta)
+        return smax(floordiv(limit - start + d - 1, d) if d > 0 else
+                    floordiv(start - limit - d - 1, -d), 0)
     return max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..sym import Sym, SymbolicError, context, free_symbols
 from ..types import DType, Shape, TensorType
 
 
@@ -118,11 +119,27 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
     out = []
     for i in range(rank):
         dims = [s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0]
-        non_one = {d for d in dims if d != 1}
+        non_one = list(dict.fromkeys(d for d in dims if d != 1))
         if len(non_one) > 1:
-            raise ValueError(f"shapes {list(shapes)} do not broadcast (axis {i}: {sorted(map(str, non_one))})")
-        out.append(non_one.pop() if non_one else 1)
+            non_one = [_broadcast_symbolic(non_one, shapes, i)]
+        out.append(non_one[0] if non_one else 1)
     return tuple(out)
+
+
+def _broadcast_symbolic(dims: list, shapes, axis: int):
+    """Two or more different non-1 dims on one axis: fine only where they are symbols that
+    must then be equal (a constraint checked at run time), else an error."""
+    if not any(isinstance(d, Sym) for d in dims):
+        raise ValueError(f"shapes {list(shapes)} do not broadcast (axis {axis}: "
+                         f"{sorted(map(str, dims))})")
+    if any(not isinstance(d, Sym) for d in dims):  # symbol vs a number: it may be 1 or equal
+        raise SymbolicError(f"shapes {list(shapes)}: axis {axis} broadcasts "
+                            f"{' with '.join(map(str, dims))}, which depends on the sizes",
+                            set().union(*(free_symbols(d) for d in dims)))
+    ctx = context()
+    for d in dims[1:]:
+        ctx.equal.append((dims[0], d, f"broadcast of {list(shapes)}"))
+    return dims[0]
 
 
 def broadcast_rule(ins, attrs) -> list[Shape]:

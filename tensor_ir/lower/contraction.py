@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...graph_ir import ops
 from ...graph_ir.ops.contraction import einsum_dims, parse_einsum
 from ...graph_ir.ops.nn import compute_dtype
-from ..expr import INDEX, B, Const, R, Reduce, binary, cast, const, select
+from ..expr import INDEX, B, Const, R, Reduce, binary, cast, const, select, sym_prod
 from ..kernel import Buffer, Stage, compute, reduce_vars, scatter
 from .elementwise import broadcast_index
 from .layout import lower_conv_nhwc, view_as
@@ -96,11 +96,8 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def _prod(xs) -> int:
-    out = 1
-    for v in xs:
-        out *= int(v)
-    return out
+def _prod(xs):
+    return sym_prod(xs)
 
 
 def _pitches(dims) -> list[int]:

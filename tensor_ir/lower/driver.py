@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...graph_ir.graph import Node
+from ...graph_ir.sym import Sym
 from ..kernel import Buffer, Kernel, reset_fresh
 from .registry import LOWERINGS, LowerCtx
 
@@ -23,8 +24,10 @@ def lower_node(node: Node, name: str, consts: dict[int, np.ndarray]) -> Kernel:
                   note=f"{node.op.name} {node.name}")
 
 
-def _static(shape, node: Node) -> tuple[int, ...]:
-    if not all(isinstance(d, int) for d in shape):
-        raise NotImplementedError(f"node {node.name} ({node.op.name}) has symbolic shape {shape}; "
-                                  "bind it with --shape NAME=...")
+def _static(shape, node: Node) -> tuple:
+    """Dims as ints or ``Sym`` expressions (symbolic sizes become kernel arguments); the
+    data-dependent length of a host op's output (a str dim) has no kernel yet."""
+    if not all(isinstance(d, (int, Sym)) for d in shape):
+        raise NotImplementedError(f"node {node.name} ({node.op.name}) reads a data-dependent "
+                                  f"shape {shape} (a host op's output)")
     return tuple(shape)

@@ -6,6 +6,7 @@ ScatterND ...) is a ``Load`` of the indices buffer inside the index expression.
 """
 from __future__ import annotations
 
+from ...graph_ir.sym import Sym, exact_div
 from ...graph_ir import ops
 from ...graph_ir.types import DType
 from ..expr import INDEX, B, Expr, R, Reduce, binary, cast, const, select
@@ -281,6 +282,18 @@ def _flat(index, shape) -> Expr:
     return flat
 
 
+def _covers_less(a, b) -> bool:
+    """a <= b for element counts; symbolic counts compare by divisibility (a divides b: a is
+    at most b, every size being at least 1)."""
+    if not isinstance(a, Sym) and not isinstance(b, Sym):
+        return a <= b
+    if exact_div(b, a) is not None:
+        return True
+    if exact_div(a, b) is not None:
+        return False
+    return a <= b  # decided from the ranges, else SymbolicError
+
+
 def reshape_index(src: tuple[int, ...], dst: tuple[int, ...], out_vars) -> tuple[Expr, ...]:
     """Index into ``src`` of the element at ``out_vars`` of its row-major reshape to ``dst``.
 
@@ -291,7 +304,7 @@ def reshape_index(src: tuple[int, ...], dst: tuple[int, ...], out_vars) -> tuple
     while i < len(src) or j < len(dst):
         bi, bj, ni, nj = i, j, 1, 1
         while True:  # grow the block until both sides cover the same element count
-            if ni <= nj and i < len(src):
+            if _covers_less(ni, nj) and i < len(src):
                 ni *= src[i]
                 i += 1
             elif j < len(dst):

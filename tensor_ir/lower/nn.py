@@ -11,7 +11,22 @@ import numpy as np
 from ...graph_ir import ops
 from ...graph_ir.ops.nn import compute_dtype
 from ...graph_ir.types import DType
-from ..expr import INDEX, B, Expr, R, Reduce, U, binary, cast, const, maximum, select, unary
+from ..expr import (
+    INDEX,
+    B,
+    Expr,
+    R,
+    Reduce,
+    U,
+    binary,
+    cast,
+    const,
+    maximum,
+    reciprocal,
+    select,
+    sym_prod,
+    unary,
+)
 from ..kernel import Buffer, compute, reduce_vars
 from .elementwise import broadcast_index
 from .layout import lower_pool_nhwc
@@ -183,7 +198,7 @@ def lower_normalize(ctx: LowerCtx):
     axes, mode, eps = tuple(ctx.attr("axes")), ctx.attr("mode"), ctx.attr("epsilon")
     cdt = compute_dtype(x.dtype)
     kept = _kept(x.shape, axes)
-    inv_n = const(1.0 / int(np.prod([x.shape[a] for a in axes])), cdt)
+    inv_n = reciprocal(sym_prod(x.shape[a] for a in axes), cdt)
     stats = bool(ctx.attr("stats"))
     stages = []
     mean = None

@@ -11,7 +11,22 @@ import numpy as np
 from ...graph_ir import ops
 from ...graph_ir.ops.reduction import highest, lowest
 from ...graph_ir.types import DType
-from ..expr import INDEX, B, Const, Expr, R, Reduce, binary, cast, const, select
+from ...graph_ir.sym import smax
+from ..expr import (
+    INDEX,
+    B,
+    Const,
+    Expr,
+    R,
+    Reduce,
+    as_expr,
+    binary,
+    cast,
+    const,
+    reciprocal,
+    select,
+    sym_prod,
+)
 from ..kernel import Buffer, compute, reduce_vars, scatter
 from .registry import LowerCtx, lowering
 
@@ -53,14 +68,14 @@ def lower_reduce(ctx: LowerCtx):
     axes, keepdims = ctx.attr("axes"), bool(ctx.attr("keepdims"))
     op = RED[ctx.node.op]
     mean = ctx.node.op is ops.reduction.ReduceMean
-    n = int(np.prod([x.shape[a] for a in axes]))
+    n = sym_prod(x.shape[a] for a in axes)
 
     def body(*vs):
         acc = reduce_over(x, axes, keepdims, vs, op)
         if mean:
             # mean = sum * (1/n) (0 for an empty set, as ONNX Runtime); integers divide instead
-            acc = acc * const(1.0 / n if n else 0.0, acc.dtype) if acc.dtype.is_float \
-                else binary(B.DIV, acc, const(max(n, 1), acc.dtype))
+            acc = acc * reciprocal(n, acc.dtype) if acc.dtype.is_float \
+                else binary(B.DIV, acc, cast(as_expr(smax(n, 1)), acc.dtype))
         return cast(acc, out.dtype)
 
     return [compute(out, body)]

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ...graph_ir.sym import Sym
 from ...graph_ir.graph import Node
 from ...graph_ir.ops import OpDef
 from ...graph_ir.types import DType
@@ -35,7 +36,8 @@ class LowerCtx:
         return self.outs[0]
 
     def temp(self, shape: tuple[int, ...], dtype: DType) -> Buffer:
-        buf = Buffer(f"t{len(self.temps)}", tuple(int(d) for d in shape), dtype)
+        buf = Buffer(f"t{len(self.temps)}", tuple(d if isinstance(d, Sym) else int(d) for d in shape),
+                     dtype)
         self.temps.append(buf)
         return buf
 

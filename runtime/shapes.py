@@ -1,0 +1,113 @@
+"""The artifact's shape program: symbolic sizes bound from the inputs, checked, evaluated.
+
+A symbolic dim in the manifest is ``{"sym": <prefix form>, "text": "2*seq"}``; the prefix form
+is an int, a symbol name, or ``[op, args...]`` with op one of ``+ * // % max min`` (written by
+``graph_ir/sym.py``; this module evaluates it without importing the compiler). ``ShapeProgram``
+reads each symbol's value off the first input dim that is exactly that symbol, checks every
+other dim, the declared ranges and the equalities found at compile time, and gives the values
+in the order kernels receive them.
+"""
+from __future__ import annotations
+
+from ..errors import InputError
+
+_OPS = {
+    "+": lambda xs: sum(xs),
+    "*": lambda xs: _product(xs),
+    "//": lambda xs: xs[0] // xs[1],
+    "%": lambda xs: xs[0] % xs[1],
+    "max": lambda xs: max(xs),
+    "min": lambda xs: min(xs),
+}
+
+
+def _product(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def evaluate(expr, env: dict[str, int]) -> int:
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, str):
+        return env[expr]
+    return _OPS[expr[0]]([evaluate(a, env) for a in expr[1:]])
+
+
+def is_symbolic(dim) -> bool:
+    return isinstance(dim, dict)
+
+
+def dim_text(dim) -> str:
+    return dim["text"] if is_symbolic(dim) else str(dim)
+
+
+def shape_of(shape: list, env: dict[str, int]) -> tuple[int, ...]:
+    return tuple(evaluate(d["sym"], env) if is_symbolic(d) else d for d in shape)
+
+
+class ShapeProgram:
+    """Binds and checks the symbols of one artifact (``manifest["symbols"]`` in kernel order,
+    ``manifest["dims"]``: name -> [low, high or null], ``manifest["constraints"]``)."""
+
+    def __init__(self, manifest: dict):
+        self.symbols: list[str] = list(manifest.get("symbols", []))
+        self.ranges = {k: tuple(v) for k, v in manifest.get("dims", {}).items()}
+        self.constraints = manifest.get("constraints", [])
+        self.inputs = [(s["name"], s["shape"]) for s in manifest["inputs"]]
+
+    def bind(self, shapes: list[tuple]) -> dict[str, int]:
+        """Symbol values from the input shapes (in input order); InputError naming the symbol
+        and the inputs when they disagree or leave a range."""
+        env: dict[str, int] = {}
+        seen: dict[str, str] = {}
+        for (name, spec), got in zip(self.inputs, shapes):
+            for k, d in enumerate(spec):
+                if is_symbolic(d) and isinstance(d["sym"], str):
+                    sym = d["sym"]
+                    if sym in env and env[sym] != got[k]:
+                        raise InputError(
+                            f"{sym} must be equal in {seen[sym]} and {name}: got {env[sym]} "
+                            f"and {got[k]}")
+                    env.setdefault(sym, int(got[k]))
+                    seen.setdefault(sym, name)
+        missing = [s for s in self.symbols if s not in env]
+        if missing:
+            raise InputError(f"the input shapes do not determine {', '.join(missing)}")
+        self._check_ranges(env)
+        self._check_dims(shapes, env)
+        self._check_constraints(env)
+        return env
+
+    def _check_ranges(self, env) -> None:
+        for sym, (lo, hi) in self.ranges.items():
+            v = env.get(sym)
+            if v is None:
+                continue
+            if v < lo or (hi is not None and v > hi):
+                bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+                raise InputError(f"{sym}={v} is outside the compiled range {bound}")
+
+    def _check_dims(self, shapes, env) -> None:
+        for (name, spec), got in zip(self.inputs, shapes):
+            want = shape_of(spec, env)
+            if tuple(got) != want:
+                text = ", ".join(dim_text(d) for d in spec)
+                raise InputError(f"input '{name}': expected shape [{text}] = {list(want)} with "
+                                 f"{_env_text(env)}, got {list(got)}")
+
+    def _check_constraints(self, env) -> None:
+        for a, b, where in self.constraints:
+            va, vb = evaluate(a["sym"], env), evaluate(b["sym"], env)
+            if va != vb:
+                raise InputError(f"{a['text']} must equal {b['text']} ({where}): got {va} and "
+                                 f"{vb} with {_env_text(env)}")
+
+    def values(self, env: dict[str, int]) -> tuple[int, ...]:
+        return tuple(env[s] for s in self.symbols)
+
+
+def _env_text(env: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in env.items())
