@@ -27,6 +27,7 @@ import numpy as np
 
 from . import __version__, config
 from .errors import DeployError, InputError, UsageError
+from .runtime.shapes import dim_text, input_shapes
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a deploy bug, not a user error
 
@@ -85,6 +86,7 @@ def _add_compile(sub, common) -> None:
     c.add_argument("-o", "--output", help="artifact path (default: MODEL's stem + .dpk, here)")
     c.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, e.g. input=1x3x224x224 (repeatable)")
+    _dim_arg(c)
     c.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], type=str.lower,
                    help="compute dtype: fp16/bf16 store weights and activations in half precision "
                         "(softmax, normalizations, sums, exp/log stay fp32; inputs and outputs "
@@ -115,6 +117,7 @@ def _add_run(sub, common) -> None:
     r.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
     r.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    _size_arg(r)
     r.set_defaults(func=cmd_run)
 
 
@@ -128,6 +131,7 @@ def _add_bench(sub, common) -> None:
     b.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    _size_arg(b)
     b.set_defaults(func=cmd_bench)
 
 
@@ -137,6 +141,7 @@ def _add_check(sub, common) -> None:
     _target_arg(c)
     c.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, as for compile")
+    _dim_arg(c)
     c.add_argument("--all-nodes", action="store_true", help="list every node, not every op type")
     c.set_defaults(func=cmd_check)
 
@@ -168,6 +173,7 @@ def _add_tune(sub, common) -> None:
                    help="quick: a short list per kernel; full: evolutionary search (default)")
     t.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, as for compile")
+    _dim_arg(t)
     t.add_argument("-o", "--output", help="also write the tuned artifact here")
     _tuning_args(t, budget_default="10m")
     t.set_defaults(func=cmd_tune)
@@ -184,6 +190,33 @@ def _tuning_args(p, budget_default: str | None) -> None:
 def _target_arg(p) -> None:
     p.add_argument("-t", "--target", default="host",
                    help="target name (see `deploy targets`) or path to a YAML file (default: host)")
+
+
+def _dim_arg(p) -> None:
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=LO..HI|NAME=N",
+                   help="a symbolic dim's range (seq=1..512: bounds tiling choices and memory; "
+                        "other sizes are refused) or its fixed size (batch=8); repeatable. "
+                        "Dims with neither stay symbolic: any size runs")
+
+
+def _size_arg(p) -> None:
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="the size of a symbolic dim for the random inputs (default 1), e.g. "
+                        "--dim batch=8 --dim seq=128; repeatable")
+
+
+def parse_dims(specs: list[str]) -> dict[str, object]:
+    """``["seq=1..512", "batch=8"]`` -> ``{"seq": "1..512", "batch": 8}``."""
+    out: dict[str, object] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        lo, dots, hi = value.partition("..")
+        ok = sep and name and (lo.strip().isdigit() and (not dots or not hi or hi.strip().isdigit()))
+        if not ok:
+            raise UsageError(f"--dim {spec!r}: expected NAME=N (a fixed size) or NAME=LO..HI (a "
+                             "range, HI may be omitted), e.g. --dim seq=1..512")
+        out[name.strip()] = value.strip() if dots else int(lo)
+    return out
 
 
 def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]] | list[dict]:
@@ -234,7 +267,8 @@ def _compile_and_report(args, tune: str, out: Path | None) -> None:
         art = deploy_compile(args.model, target=args.target,
                              shapes=parse_shapes(args.shape) or None,
                              dump_dir=getattr(args, "dump_dir", None), tune=tune,
-                             tuning_db=args.tuning_db, budget=args.budget, **precision)
+                             tuning_db=args.tuning_db, budget=args.budget,
+                             dims=parse_dims(args.dim) or None, **precision)
     m = art.manifest
     secs = m.get("compile_seconds", {})
     stages = ", ".join(f"{k} {v:.2f}s" for k, v in _stages(secs))
@@ -342,7 +376,7 @@ def _lowering_problem(proto, target, shapes) -> str | None:
 def cmd_run(args) -> int:
     from .runtime import load
     mod = load(args.artifact)
-    inputs = _inputs(mod, args.inputs, args.seed)
+    inputs = _inputs(mod, args.inputs, args.seed, parse_dims(args.dim))
     t0 = time.perf_counter()
     outs = mod.run(inputs)
     ms = (time.perf_counter() - t0) * 1e3
@@ -361,17 +395,16 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _inputs(mod, path: str | None, seed: int) -> dict[str, np.ndarray]:
+def _inputs(mod, path: str | None, seed: int, sizes: dict | None = None) -> dict[str, np.ndarray]:
     if path:
         return _load_npz(path)
     rng = np.random.default_rng(seed)
-    feed = {}
-    for spec in mod.input_specs:
-        if not all(isinstance(d, int) for d in spec.shape):
-            raise InputError(f"input '{spec.name}' has symbolic shape {list(spec.shape)}; "
-                             "pass --inputs")
-        feed[spec.name] = _random(spec.shape, np.dtype(spec.dtype), rng)
-    return feed
+    bad = [k for k, v in (sizes or {}).items() if not isinstance(v, int)]
+    if bad:
+        raise UsageError(f"--dim {bad[0]}: give one size (NAME=N) for the random inputs")
+    shapes = input_shapes(mod.manifest, sizes or {})
+    return {spec.name: _random(shape, np.dtype(spec.dtype), rng)
+            for spec, shape in zip(mod.input_specs, shapes)}
 
 
 def _random(shape, dtype: np.dtype, rng) -> np.ndarray:
@@ -466,7 +499,7 @@ def compare(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[boo
 def cmd_bench(args) -> int:
     from .runtime import load
     mod = load(args.artifact)
-    inputs = _inputs(mod, args.inputs, args.seed)
+    inputs = _inputs(mod, args.inputs, args.seed, parse_dims(args.dim))
     results = {"deploy": _time(lambda: mod.run(inputs), args.warmup, args.runs)}
     if args.compare:
         model = _compare_model(args.compare, mod)
@@ -555,7 +588,19 @@ def inspect_report(path: str, contents) -> dict:
         "weights": {"count": len(weights), "bytes": sum(weights.values())},
         "provenance": m.get("provenance", {}), "compile_seconds": m.get("compile_seconds", {}),
         "passes": m.get("passes", []), "precision": m.get("precision"),
+        "symbols": m.get("dims", {}), "constraints": m.get("constraints", []),
     }
+
+
+def _print_symbols(r: dict) -> None:
+    """Symbolic dims with their ranges, and those bound for the whole artifact (and why)."""
+    dims = r.get("symbols", {})
+    if dims:
+        print("symbols:  " + ", ".join(f"{k} in {lo}..{hi if hi is not None else ''}"
+                                       for k, (lo, hi) in dims.items())
+              + " (any size in range runs; kernels take them as arguments)")
+    for s, b in r["provenance"].get("bound_symbols", {}).items():
+        print(f"bound:    {s}={b['value']} for the whole artifact: {b['reason']}")
 
 
 def _memory(m: dict) -> dict:
@@ -603,6 +648,7 @@ def _print_inspect(r: dict) -> None:
     prov = r["provenance"]
     print(f"source:   {prov.get('source')} (opset {prov.get('opset')}), bound dims "
           f"{prov.get('bound_dims', {})}")
+    _print_symbols(r)
     hist = prov.get("op_histogram", {})
     if hist:
         print("ops:      " + ", ".join(f"{op} x{n}" for op, n in hist.items()))
@@ -654,7 +700,7 @@ def cmd_targets(args) -> int:
 # ---- formatting -----------------------------------------------------------------------------
 
 def _spec_str(s: dict) -> str:
-    return f"{s['name']}: {s['dtype']}[{', '.join(map(str, s['shape']))}]"
+    return f"{s['name']}: {s['dtype']}[{', '.join(dim_text(d) for d in s['shape'])}]"
 
 
 def _fmt_bytes(n: int) -> str:

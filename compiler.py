@@ -82,15 +82,32 @@ def _is_torch(model) -> bool:
 
 
 def import_model(model, shapes=None, constant_inputs=None, example_inputs=None,
-                 dynamic_shapes=None) -> tuple[Graph, dict]:
-    """Any supported model form -> graph IR."""
+                 dynamic_shapes=None, bind=None) -> tuple[Graph, dict]:
+    """Any supported model form -> graph IR; ``bind``: symbol -> size for dims that stay
+    fixed."""
     if _is_torch(model):
         from .frontends.torch import import_torch  # optional dependency: torch only here
         return import_torch(model, shapes=shapes, example_inputs=example_inputs,
                             dynamic_shapes=dynamic_shapes)
     from .frontends.onnx import import_onnx
     source = str(model) if isinstance(model, (str, os.PathLike)) else "model"
-    return import_onnx(model, shapes=shapes, constant_inputs=constant_inputs, source=source)
+    return import_onnx(model, shapes=shapes, constant_inputs=constant_inputs, source=source,
+                       bind=bind)
+
+
+CHECK_SIZE = 2  # the size of every symbol in the --dtype error check
+
+
+def _graph_symbols(graph: Graph) -> set[str]:
+    return {s for v in graph.inputs for d in v.shape for s in free_symbols(d)}
+
+
+def _check_symbolic_backend(graph: Graph, tgt: Target) -> None:
+    """Symbolic sizes run on the C backend; a GPU target binds them (SymbolicError: the
+    caller binds and compiles again)."""
+    syms = _graph_symbols(graph)
+    if syms and tgt.backend != "c":
+        raise sym.SymbolicError(f"the {tgt.backend} backend compiles fixed sizes", syms)
 
 
 def compile(model, target: str | Target = "host", shapes: dict | None = None,
@@ -100,7 +117,9 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
     """Compile ``model`` (path to .onnx/.pt2, onnx.ModelProto, ExportedProgram, or an nn.Module
     with ``example_inputs`` and optional ``dynamic_shapes``, exported for the caller). ``shapes``
     binds input shapes; a list of several shape dicts compiles one artifact with a variant per
-    entry (see ``variants.py``)."""
+    entry (see ``variants.py``). Dims it leaves unbound stay symbolic: the artifact runs at
+    every size. ``dims={"seq": (1, 512), "batch": 8}`` declares a symbol's range or binds it
+    (docs/shapes.md)."""
     variants = expand_shape_specs(shapes)
     if variants is not None:
         if load_target(target).kind != "cpu":
@@ -109,6 +128,67 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
                         dynamic_shapes, tuning_db, budget, **options) for s in variants]
         manifest, members = merge_variants(arts)
         return Artifact(manifest, members, arts[0].graph, arts[0].timings)
+    ranges, bound = parse_dims(options.pop("dims", None))
+    reasons: dict[str, str] = {}
+    while True:  # a symbol some part needs as a number is bound for the whole artifact
+        ctx = sym.SymContext(ranges=dict(ranges))
+        try:
+            with sym.using(ctx):
+                art = _compile_once(model, target, shapes, dump_dir, constant_inputs, tune,
+                                    example_inputs, dynamic_shapes, tuning_db, budget,
+                                    dict(options, bind=dict(bound)))
+        except sym.SymbolicError as e:
+            new = [s for s in e.symbols if s not in bound]
+            if not new:
+                raise
+            for s in new:
+                bound[s] = _bound_value(s, ranges)
+                reasons[s] = str(e)
+            continue
+        if reasons:
+            art.manifest["provenance"]["bound_symbols"] = {
+                s: {"value": bound[s], "reason": r} for s, r in reasons.items()}
+            _warn_bound(bound, reasons)
+        return art
+
+
+def parse_dims(dims) -> tuple[dict, dict]:
+    """``dims``: symbol -> size (binds it), (low, high) or "low..high" (a range; high None or
+    omitted: unbounded). Returns (ranges, bindings)."""
+    ranges, bound = {}, {}
+    for name, spec in (dims or {}).items():
+        if isinstance(spec, str) and ".." in spec:
+            lo, _, hi = spec.partition("..")
+            spec = (int(lo or 1), int(hi) if hi else None)
+        if isinstance(spec, (tuple, list)):
+            lo, hi = int(spec[0]), None if spec[1] is None else int(spec[1])
+            if lo < 1 or (hi is not None and hi < lo):
+                raise UsageError(f"dims {name}={spec}: expected 1 <= low <= high")
+            ranges[name] = (lo, hi)
+        else:
+            try:
+                bound[name] = int(spec)
+            except (TypeError, ValueError):
+                raise UsageError(f"dims {name}={spec!r}: expected a size (8) or a range "
+                                 "(1..512)") from None
+    return ranges, bound
+
+
+def _bound_value(name: str, ranges: dict) -> int:
+    """The size a symbol is bound to when it cannot stay symbolic: its range's low end (1
+    with no range)."""
+    return ranges.get(name, (1, None))[0]
+
+
+def _warn_bound(bound: dict, reasons: dict) -> None:
+    text = "; ".join(f"{s}={bound[s]} ({r})" for s, r in reasons.items())
+    warnings.warn(f"symbolic size(s) bound for the whole artifact: {text}. Other sizes are "
+                  "refused at run time; pass --shape or --dim NAME=N to choose the size",
+                  RuntimeWarning, stacklevel=3)
+
+
+def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, example_inputs,
+                  dynamic_shapes, tuning_db, budget, options) -> Artifact:
     timings: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -121,8 +201,15 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
     tgt = load_target(target)
     _check_supported(tgt, tune)
     half, tf32 = _precision_settings(tgt, options)
-    graph, report = import_model(model, shapes, constant_inputs, example_inputs, dynamic_shapes)
+    graph, report = import_model(model, shapes, constant_inputs, example_inputs, dynamic_shapes,
+                                 options.get("bind"))
+    _check_symbolic_backend(graph, tgt)
     reference = graph  # the model's own precision, for the --dtype error check
+    if _graph_symbols(graph) and half is not None:  # checked at small fixed sizes
+        fixed = {s: max(sym.context().ranges.get(s, (1, None))[0], CHECK_SIZE)
+                 for s in _graph_symbols(graph)}
+        reference, _ = import_model(model, shapes, constant_inputs, example_inputs,
+                                    dynamic_shapes, {**options.get("bind", {}), **fixed})
     lap("import")
     dump = Path(dump_dir) if dump_dir else None
     if dump:

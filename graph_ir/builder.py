@@ -11,7 +11,6 @@ import numpy as np
 
 from .graph import Graph, Node, Value
 from .ops import OpDef, get
-from .sym import SymbolicError, free_symbols
 from .symfold import fold_symbolic, is_symbolic_array, settle
 from .types import DType, TensorType
 
@@ -100,16 +99,24 @@ class Builder:
     def _fold_symbolic(self, op, inputs, attrs, out_names, types) -> list[Value]:
         """An op over shape values folds at compile time or raises SymbolicError."""
         runtime = [v for v in inputs if v is not None and self.value_of(v) is None]
-        if runtime:
-            syms = set()
-            for v in inputs:
-                for d in (self.sym_values.get(v, np.empty(0)).reshape(-1) if v else ()):
-                    syms |= free_symbols(d)
-            raise SymbolicError(f"{op.name} mixes a shape value with run-time data "
-                                f"(%{runtime[0].name})", syms)
+        if runtime:  # run-time data reads the shape values: they become tensors
+            inputs = tuple(self.materialize(v) for v in inputs)
+            return self.emit(op, inputs, out_names=out_names, **attrs)
         arrays = fold_symbolic(op, [self.value_of(v) for v in inputs], attrs)
         return [self.sym_const(a, n) if is_symbolic_array(a) else self.const(a, n, t.dtype)
                 for a, n, t in zip(arrays, out_names, types)]
+
+    def materialize(self, v: Value | None) -> Value | None:
+        """A shape value as a node computing it at run time (``SymValue``); others as they
+        are."""
+        if v is None or v not in self.sym_values:
+            return v
+        arr = self.sym_values[v]
+        node = Node(get("SymValue"), (), (v,), {"values": tuple(arr.reshape(-1)),
+                                               "shape": tuple(arr.shape)}, self.fresh("symvalue"))
+        self.nodes.append(node)
+        del self.sym_values[v]
+        return v
 
     def op(self, op: OpDef | str, *inputs, name: str = "", **attrs) -> Value:
         """Emit a single-output op and return its value."""

@@ -22,7 +22,7 @@ from .artifact import aligned_array, aligned_empty, read_artifact
 from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu import GpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
-from .shapes import ShapeProgram, shape_of
+from .shapes import ShapeProgram, is_symbolic, shape_of
 from .specs import TensorSpec, validate_inputs
 
 _LIB_DIR = None
@@ -54,8 +54,8 @@ class Module:
         self._raw_shapes = {int(k): v["shape"] for k, v in m["values"].items()}
         self._sigs: collections.OrderedDict = collections.OrderedDict()
         static = self._program is None
-        self.values = {int(k): (storage_dtype(v["dtype"]),
-                                shape_of(v["shape"], {}) if static else None)
+        self.values = {int(k): (storage_dtype(v["dtype"]), None if any(map(is_symbolic, v["shape"]))
+                                else tuple(v["shape"]))  # symbolic: per call (_signature)
                        for k, v in m["values"].items()}
         self.constants = {int(k): contents.array(name) for k, name in m["constants"].items()}
         self.steps = m["steps"]

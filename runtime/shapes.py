@@ -111,3 +111,16 @@ class ShapeProgram:
 
 def _env_text(env: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in env.items())
+
+
+def input_shapes(manifest: dict, sizes: dict[str, int]) -> list[tuple[int, ...]]:
+    """Concrete input shapes with the given symbol sizes (others: their range's low end, 1
+    without a range), e.g. to make example inputs; ValueError for an unknown symbol."""
+    symbols = manifest.get("symbols", [])
+    unknown = sorted(set(sizes) - set(symbols))
+    if unknown:
+        raise InputError(f"unknown symbolic dim(s) {unknown}; this artifact's are "
+                         f"{symbols or 'none (it has fixed shapes)'}")
+    ranges = manifest.get("dims", {})
+    env = {s: sizes.get(s, ranges.get(s, [1])[0]) for s in symbols}
+    return [shape_of(s["shape"], env) for s in manifest["inputs"]]

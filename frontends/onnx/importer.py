@@ -14,7 +14,7 @@ from onnx import numpy_helper
 from ...errors import ModelError, UnsupportedOpsError
 from ...graph_ir.builder import Builder
 from ...graph_ir.graph import Graph, Value
-from ...graph_ir.sym import Sym, free_symbols, symbol_name
+from ...graph_ir.sym import Sym, SymbolicError, free_symbols, symbol_name
 from ...graph_ir.types import DType, TensorType
 from .expand import expand_functions, lacks
 from .registry import CONVERTERS, DEFAULT_DOMAINS, NeedsConstant, OnnxCtx, op_key
@@ -96,9 +96,10 @@ def _all_nodes(g: onnx.GraphProto):
 
 def import_onnx(model, shapes: dict[str, tuple] | None = None,
                 constant_inputs: dict[str, np.ndarray] | None = None,
-                source: str = "model") -> tuple[Graph, dict]:
-    """Convert to a graph IR. ``shapes`` binds input dims; dims left unbound stay symbolic
-    (``sym.Sym``; anonymous ones are named ``<input>_dim<k>``).
+                source: str = "model", bind: dict[str, int] | None = None) -> tuple[Graph, dict]:
+    """Convert to a graph IR. ``shapes`` binds input dims and ``bind`` named dims
+    (symbol -> size); dims left unbound stay symbolic (``sym.Sym``; anonymous ones are named
+    ``<input>_dim<k>``).
     ``constant_inputs`` turns graph inputs into constants (used for shape specialization).
     Returns the graph and a report (bound dims, opset)."""
     proto, model_dir = load_model(model)
@@ -106,7 +107,7 @@ def import_onnx(model, shapes: dict[str, tuple] | None = None,
     if missing:
         raise UnsupportedOpsError(missing, source)
     cx = OnnxCtx(Builder(proto.graph.name or "model"), opset_of(proto), model_dir=model_dir)
-    bound: dict[str, int] = {}
+    bound: dict[str, int] = dict(bind or {})
     env = _bind_inputs(cx, proto.graph, shapes or {}, constant_inputs or {}, bound)
     outputs = convert_graph(cx, proto.graph, env)
     names = [o.name for o in proto.graph.output]
@@ -124,6 +125,8 @@ def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> lis
         cx.node = node
         try:
             outs = CONVERTERS[op_key(node)](cx, node, ins)
+        except SymbolicError:
+            raise  # the compiler binds the symbols it names and compiles again
         except NeedsConstant as e:
             if not getattr(e, "where", ""):
                 e.where = f"node '{node.name}' ({node.op_type}, opset {cx.opset})"

@@ -177,6 +177,17 @@ Full = define("Full", Kind.OPAQUE, lambda ins, a: [tuple(a["shape"])], lambda in
               shape=REQUIRED, value=0, dtype=DType.float32, doc="A tensor filled with one value.")
 
 
+def _sym_value_ref(ins, a):
+    raise SymbolicError("a SymValue (symbolic sizes as data) has no value before run time",
+                        set().union(*(free_symbols(v) for v in a["values"])))
+
+
+SymValue = define("SymValue", Kind.OPAQUE, lambda ins, a: [tuple(a["shape"])],
+                  lambda ins, a: [DType.int64], _sym_value_ref, values=REQUIRED, shape=REQUIRED,
+                  doc="Symbolic sizes (ints and Sym, row-major) as an int64 tensor computed at "
+                      "run time: a shape value that run-time data reads.")
+
+
 def range_count(start, limit, delta):
     """Number of elements of ONNX Range: max(ceil((limit - start) / delta), 0); a symbolic
     count (``Sym``) where the bounds are symbolic sizes and the step an integer."""

@@ -197,6 +197,20 @@ def lower_full(ctx: LowerCtx):
     return [compute(ctx.out, lambda *vs: const(ctx.attr("value"), ctx.out.dtype))]
 
 
+@lowering(mv.SymValue)
+def lower_sym_value(ctx: LowerCtx):
+    values, out = ctx.attr("values"), ctx.out
+
+    def body(*vs):
+        flat = _flat(vs, out.shape)
+        expr = const(values[-1], out.dtype)
+        for k in reversed(range(len(values) - 1)):
+            expr = select(binary(B.EQ, flat, k), const(values[k], out.dtype), expr)
+        return expr
+
+    return [compute(out, body)]
+
+
 @lowering(mv.Range)
 def lower_range(ctx: LowerCtx):
     out = ctx.out
