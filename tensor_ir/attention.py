@@ -396,6 +396,9 @@ def _masked(spec: AttentionSpec, constants: dict, kernel: Kernel) -> np.ndarray 
     select of one), kept when all are >= -2e4. Any other entry, or a logit reading anything but
     constants, gives None. With scores within +-1e4 a masked logit then sits 1e4 below every
     kept one: its exp is exactly 0 whatever the row's maximum (fp16 masks clip at -65504)."""
+    sizes = [e for _, e in spec.outer] + [spec.sq, spec.sk]
+    if not all(isinstance(e, int) for e in sizes):
+        return None  # symbolic sizes: the template evaluates the mask (no blocks skipped)
     n = int(np.prod([e for _, e in spec.outer], dtype=np.int64)) * spec.sq * spec.sk
     if n > GRID_LIMIT:
         return None

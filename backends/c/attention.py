@@ -16,6 +16,7 @@ which every k or v vector loaded feeds one FMA per row. With a causal spec the k
 """
 from __future__ import annotations
 
+from ...graph_ir.sym import Sym, hint
 from ...graph_ir.types import DType
 from ...tensor_ir.attention import (
     ACC,
@@ -33,22 +34,25 @@ from ...tensor_ir.attention import (
     AttentionStage,
 )
 from ...tensor_ir.expr import Var, substitute
+from .sizes import c_size
 
 VL = 16  # floats per vector (dp_f32x16)
 PARALLEL_MIN = 1 << 16  # multiply-adds of q k^T below which the rows run serially
 
 
-def _up(n: int) -> int:
-    return -(-n // VL) * VL
+def _up(n):
+    return (n + VL - 1) // VL * VL
 
 
 def supported(st: AttentionStage) -> bool:
     """fp32 operands only (half-precision models keep the generic stages on CPUs)."""
     sp = st.spec
-    return sp.half is None and all(e.dtype is DType.float32 for e in (sp.q, sp.k, sp.v))
+    return (sp.half is None and all(e.dtype is DType.float32 for e in (sp.q, sp.k, sp.v))
+            and isinstance(sp.dk, int) and isinstance(sp.dv, int))  # head sizes fixed
 
 
 def render_attention(r, st: AttentionStage, out_ident: str) -> list[str]:
+
     """C lines for ``st`` (``r``: the CRenderer, whose ``expr`` renders the spec's pieces;
     ``out_ident``: the C name of the output buffer)."""
     sp = st.spec
@@ -58,23 +62,25 @@ def render_attention(r, st: AttentionStage, out_ident: str) -> list[str]:
     skp, dvp = _up(sp.sk), _up(sp.dv)
     rb = _rows_per_block(dvp)
     lines: list[str] = ["  {"]
-    if n_outer > 1 and n_outer * sp.sq * sp.sk * sp.dk >= PARALLEL_MIN:
+    if hint(n_outer) > 1 and hint(n_outer * sp.sq * sp.sk * sp.dk) >= PARALLEL_MIN:
         lines.append("  #pragma omp parallel for schedule(static)")
-    lines.append(f"  for (int64_t o_ = 0; o_ < {n_outer}; ++o_) {{")
+    lines.append(f"  for (int64_t o_ = 0; o_ < {c_size(n_outer)}; ++o_) {{")
     ind = "    "
     rest = "o_"
     for k, (var, e) in enumerate(reversed(sp.outer)):
         last = k == len(sp.outer) - 1
-        lines.append(f"{ind}const int64_t {var.name} = {rest if last else f'{rest} % {e}'};")
+        lines.append(f"{ind}const int64_t {var.name} = "
+                     f"{rest if last else f'{rest} % {c_size(e)}'};")
         if not last:
-            lines.append(f"{ind}const int64_t o{k}_ = {rest} / {e};")
+            lines.append(f"{ind}const int64_t o{k}_ = {rest} / {c_size(e)};")
             rest = f"o{k}_"
     words = sp.dk * skp + sp.sk * dvp + rb * skp
-    lines.append(f"{ind}float* kt_ = (float*)dp_local({words * 4});")
-    lines.append(f"{ind}float* vp_ = kt_ + {sp.dk * skp}; float* s_ = vp_ + {sp.sk * dvp};")
+    lines.append(f"{ind}float* kt_ = (float*)dp_local({c_size(words * 4)});")
+    lines.append(f"{ind}float* vp_ = kt_ + {c_size(sp.dk * skp)}; "
+                 f"float* s_ = vp_ + {c_size(sp.sk * dvp)};")
     lines += _pack(r, sp.k, "kt_", (KD, sp.dk), (KJ, sp.sk), skp, True, ind)
     lines += _pack(r, sp.v, "vp_", (VJ, sp.sk), (VC, sp.dv), dvp, False, ind)
-    lines.append(f"{ind}for (int64_t i0_ = 0; i0_ < {sp.sq}; i0_ += {rb}) {{")
+    lines.append(f"{ind}for (int64_t i0_ = 0; i0_ < {c_size(sp.sq)}; i0_ += {rb}) {{")
     lines += _rows(r, st, skp, dvp, rb, out_ident, ind + "  ")
     lines += [f"{ind}}}", "  }", "  }"]
     return lines
@@ -84,15 +90,15 @@ def _pack(r, e, dst: str, rows, cols, pitch: int, transposed: bool, ind: str) ->
     """dst[row][col] = e(row, col), zero in the padding columns up to ``pitch``; the loops run
     along the source's contiguous axis (``transposed``: the rows, as k's head dimension)."""
     (rv, rn), (cv, cn) = rows, cols
-    lines = [f"{ind}memset({dst}, 0, {rn * pitch * 4});"] if pitch > cn else []
+    lines = [f"{ind}memset({dst}, 0, {c_size(rn * pitch * 4)});"] if pitch != cn else []
     (ov, on), (iv, i_n) = ((cv, cn), (rv, rn)) if transposed else ((rv, rn), (cv, cn))
     body: list[str] = []
     value = r.expr(e, body, ind + "    ")
     if body:
         raise NotImplementedError("attention operand needs statements")
-    return lines + [f"{ind}for (int64_t {ov.name} = 0; {ov.name} < {on}; ++{ov.name})",
-                    f"{ind}  for (int64_t {iv.name} = 0; {iv.name} < {i_n}; ++{iv.name})",
-                    f"{ind}    {dst}[{rv.name} * {pitch} + {cv.name}] = {value};"]
+    return lines + [f"{ind}for (int64_t {ov.name} = 0; {ov.name} < {c_size(on)}; ++{ov.name})",
+                    f"{ind}  for (int64_t {iv.name} = 0; {iv.name} < {c_size(i_n)}; ++{iv.name})",
+                    f"{ind}    {dst}[{rv.name} * {c_size(pitch)} + {cv.name}] = {value};"]
 
 
 def _rows_per_block(dvp: int) -> int:
@@ -103,7 +109,7 @@ def _rows_per_block(dvp: int) -> int:
 
 def _row_of(k: int, sq: int) -> str:
     """Row k of the block; rows past the end repeat the last one (results dropped)."""
-    return f"(i0_ + {k} < {sq} ? i0_ + {k} : {sq - 1})"
+    return f"(i0_ + {k} < {c_size(sq)} ? i0_ + {k} : {c_size(sq - 1)})"
 
 
 def _rows(r, st: AttentionStage, skp: int, dvp: int, rb: int, out_ident: str,
@@ -112,10 +118,10 @@ def _rows(r, st: AttentionStage, skp: int, dvp: int, rb: int, out_ident: str,
     sp = st.spec
     lines = [f"{ind}int64_t hi_[{rb}]; int64_t hmax_ = 0;"]
     for k in range(rb):
-        hi = str(sp.sk)
+        hi = c_size(sp.sk)
         if sp.causal_offset is not None:
             end = f"{_row_of(k, sp.sq)} + {sp.causal_offset + 1}"
-            hi = f"({end} < {sp.sk} ? {end} : {sp.sk})"
+            hi = f"({end} < {hi} ? {end} : {hi})"
         lines.append(f"{ind}hi_[{k}] = {hi}; hmax_ = hi_[{k}] > hmax_ ? hi_[{k}] : hmax_;")
     return (lines + _scores(r, sp, skp, rb, ind) + _softmax(r, sp, skp, rb, ind)
             + _pv(skp, dvp, rb, ind) + _store(r, st, rb, out_ident, ind))
@@ -134,6 +140,11 @@ def _scores(r, sp, skp: int, rb: int, ind: str) -> list[str]:
     lines = [f"{ind}const int64_t {rows};"]
     nvec = skp // VL
     full = nvec // chunk * chunk
+    if isinstance(nvec, Sym):  # chunks, then the last vectors one at a time
+        lines += _score_chunk(qs, sp.dk, skp, chunk, f"for (int64_t jc_ = 0; jc_ < "
+                              f"{c_size(full * VL)} && jc_ < hmax_; jc_ += {chunk * VL})", ind)
+        return lines + _score_chunk(qs, sp.dk, skp, 1, f"for (int64_t jc_ = {c_size(full * VL)}; "
+                                    f"jc_ < {c_size(skp)} && jc_ < hmax_; jc_ += {VL})", ind)
     if full:
         lines += _score_chunk(qs, sp.dk, skp, chunk, f"for (int64_t jc_ = 0; jc_ < {full * VL} "
                               f"&& jc_ < hmax_; jc_ += {chunk * VL})", ind)
@@ -148,13 +159,13 @@ def _score_chunk(qs: list[str], dk: int, skp: int, n: int, head: str, ind: str) 
     lines = [f"{ind}{head} {{",
              f"{ind}  dp_f32x16 {accs}; const float* kp_ = kt_ + jc_;",
              f"{ind}  for (int64_t {QD.name} = 0; {QD.name} < {dk}; ++{QD.name}) {{",
-             f"{ind}    const float* kr_ = kp_ + {QD.name} * {skp};",
+             f"{ind}    const float* kr_ = kp_ + {QD.name} * {c_size(skp)};",
              *(f"{ind}    const dp_f32x16 k{v}_ = dp_load16(kr_ + {v * VL});" for v in range(n))]
     for k, q in enumerate(qs):
         lines.append(f"{ind}    {{ const float q_ = {q}; "
                      + " ".join(f"a{k}_{v} += q_ * k{v}_;" for v in range(n)) + " }")
     lines.append(f"{ind}  }}")
-    lines += [f"{ind}  dp_store16(s_ + {k * skp} + jc_ + {v * VL}, a{k}_{v});"
+    lines += [f"{ind}  dp_store16(s_ + {c_size(k * skp)} + jc_ + {v * VL}, a{k}_{v});"
               for k in range(len(qs)) for v in range(n)]
     lines.append(f"{ind}}}" + ("}" if head.startswith("if") else ""))
     return lines
@@ -169,8 +180,9 @@ def _softmax(r, sp, skp: int, rb: int, ind: str) -> list[str]:
                 f"{{ const float e_ = expf(sr_[j_] - m_); sr_[j_] = e_; l_ += e_; }}")
     return [f"{ind}float inv_[{rb}];",
             f"{ind}for (int k_ = 0; k_ < {rb}; ++k_) {{",
-            f"{ind}  float* sr_ = s_ + k_ * {skp}; const int64_t h_ = hi_[k_];",
-            f"{ind}  const int64_t {LI.name} = i0_ + k_ < {sp.sq} ? i0_ + k_ : {sp.sq - 1};",
+            f"{ind}  float* sr_ = s_ + k_ * {c_size(skp)}; const int64_t h_ = hi_[k_];",
+            f"{ind}  const int64_t {LI.name} = i0_ + k_ < {c_size(sp.sq)} ? i0_ + k_ : "
+            f"{c_size(sp.sq - 1)};",
             f"{ind}  float m_ = -INFINITY;",
             f"{ind}  #pragma omp simd reduction(max:m_)",
             f"{ind}  for (int64_t {LJ.name} = 0; {LJ.name} < h_; ++{LJ.name}) {{",
@@ -195,7 +207,7 @@ def _pv(skp: int, dvp: int, rb: int, ind: str) -> list[str]:
              f"{ind}  const float* vr_ = vp_ + j_ * {dvp};",
              *(f"{ind}  const dp_f32x16 v{v}_ = dp_load16(vr_ + {v * VL});" for v in range(nv))]
     for k in range(rb):
-        lines.append(f"{ind}  {{ const float p_ = s_[{k * skp} + j_]; "
+        lines.append(f"{ind}  {{ const float p_ = s_[{c_size(k * skp)} + j_]; "
                      + " ".join(f"c{k}_{v} += p_ * v{v}_;" for v in range(nv)) + " }")
     lines.append(f"{ind}}}")
     lines.append(f"{ind}float o_row_[{rb}][{dvp}];")
@@ -210,7 +222,7 @@ def _store(r, st: AttentionStage, rb: int, out_ident: str, ind: str) -> list[str
     store: list[str] = []
     value = r.expr(sp.value, store, ind + "    ")
     target = r.flat(out, sp.out_index)
-    return [f"{ind}for (int k_ = 0; k_ < {rb} && i0_ + k_ < {sp.sq}; ++k_) {{",
+    return [f"{ind}for (int k_ = 0; k_ < {rb} && i0_ + k_ < {c_size(sp.sq)}; ++k_) {{",
             f"{ind}  const int64_t {OI.name} = i0_ + k_;",
             f"{ind}  for (int64_t {OC.name} = 0; {OC.name} < {sp.dv}; ++{OC.name}) {{",
             f"{ind}    const float {ACC.name} = o_row_[k_][{OC.name}];",

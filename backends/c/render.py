@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ...graph_ir.sym import Sym, bounds, free_symbols, hint, smax
+from ...graph_ir.sym import Sym, free_symbols, hint, smax
 from ...graph_ir.types import DType
 from ...tensor_ir.attention import AttentionStage
 from ...tensor_ir.expr import (
@@ -42,6 +42,7 @@ from ...tensor_ir.schedule import (
     stage_work,
 )
 from .attention import render_attention
+from .sizes import c_size, size_var
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 
@@ -116,38 +117,6 @@ def _fsuffix(dtype: DType) -> str:
     return "" if dtype is DType.float64 else "f"
 
 
-def c_size(x) -> str:
-    """A size as C: an int literal, or a symbolic size (``Sym``) over the kernel's ``sz_*``
-    locals (read from its dims argument)."""
-    if isinstance(x, str):  # already C (a loop bound variable)
-        return x
-    if not isinstance(x, Sym):
-        return str(int(x))
-    terms = []
-    for mono, coeff in x.terms:
-        factors = [_c_atom(a) for a in mono]
-        if coeff != 1 or not factors:
-            factors.insert(0, f"{coeff}LL" if abs(coeff) > 2 ** 31 - 1 else str(coeff))
-        terms.append("*".join(factors))
-    return "(" + " + ".join(terms) + ")"
-
-
-def _c_atom(a) -> str:
-    if isinstance(a, str):
-        return size_var(a)
-    x, y = (c_size(v) for v in a.args)
-    if a.kind in ("floordiv", "mod"):
-        exact = bounds(a.args[0])[0] is not None and bounds(a.args[0])[0] >= 0
-        if a.kind == "floordiv":  # floor, also for a negative numerator
-            return f"({x} / {y})" if exact else f"dp_floordiv({x}, {y})"
-        return f"({x} % {y})" if exact else f"dp_floormod({x}, {y})"
-    return f"DP_{a.kind.upper()}({x}, {y})"
-
-
-def size_var(name: str) -> str:
-    return f"sz_{name}"
-
-
 def kernel_symbols(k: Kernel) -> set[str]:
     """The symbols a kernel's sizes, indices and scratch depend on."""
     out: set[str] = set()
@@ -164,13 +133,13 @@ def kernel_symbols(k: Kernel) -> set[str]:
                 elif isinstance(x, Reduce):
                     for _, n in x.vars:
                         out |= free_symbols(n)
-    if any(isinstance(st, AttentionStage) for st in k.stages) and _sym_in_repr(k):
-        raise NotImplementedError("attention template over symbolic sizes")
+        if isinstance(st, AttentionStage):
+            sp = st.spec
+            for n in (*(e for _, e in sp.outer), sp.sq, sp.sk, sp.dk, sp.dv):
+                out |= free_symbols(n)
+            for e in (sp.q, sp.k, sp.v, sp.logits, sp.value, *sp.out_index):
+                out |= {s for x in walk(e) if isinstance(x, Const) for s in free_symbols(x.value)}
     return out
-
-
-def _sym_in_repr(k: Kernel) -> bool:
-    return "Sym(" in repr(k.stages)
 
 
 class CRenderer:
