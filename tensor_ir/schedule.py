@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..graph_ir.sym import Sym, hint, hint_shape
+from ..graph_ir.sym import Sym, hint
 
 from .attention import AttentionStage
 from .expr import (
@@ -69,6 +69,15 @@ class StageSchedule:
         return out
 
 
+class Hint(int):
+    """A symbolic extent's hint: sized like the hint for work estimates and tile shapes, but
+    never counted on to fill threads (at run time the size may be 1)."""
+
+
+def _sure(e: int) -> int:
+    return 1 if isinstance(e, Hint) else e
+
+
 def hinted(stage: Stage) -> Stage:
     """``stage`` with its symbolic extents replaced by their hints (``sym.hint``), for the
     rules' decisions only: the schedule they choose must be (and is) correct at every size,
@@ -77,7 +86,8 @@ def hinted(stage: Stage) -> Stage:
         return stage
     body = transform(stage.body, lambda e: Reduce(e.op, tuple((v, hint(n)) for v, n in e.vars),
                                                   e.body, e.dtype) if isinstance(e, Reduce) else None)
-    return dataclasses.replace(stage, extents=hint_shape(stage.extents), body=body)
+    extents = tuple(Hint(hint(e)) if isinstance(e, Sym) else e for e in stage.extents)
+    return dataclasses.replace(stage, extents=extents, body=body)
 
 
 def _symbolic(stage: Stage) -> bool:
@@ -115,7 +125,7 @@ def _collapse(extents: tuple[int, ...], upto: int) -> int:
     """Collapse outer loops until there are enough iterations to share among threads."""
     n, k = 1, 0
     for e in extents[:upto]:
-        n *= e
+        n *= _sure(e)
         k += 1
         if n >= 64:
             break
@@ -295,7 +305,7 @@ def rule_gemm_tile(stage: Stage, mr: int = MR, nr: int = NR) -> StageSchedule | 
     outer = [k for k in range(len(stage.vars)) if k not in (i, j)]
     outer_points = 1
     for k in outer:
-        outer_points *= stage.extents[k]
+        outer_points *= _sure(stage.extents[k])
     # threads share the outer loops when there are enough of them, else the row tiles
     parallel = 0
     if stage_work(stage) >= PARALLEL_MIN_WORK and outer_points >= 8:
