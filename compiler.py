@@ -544,6 +544,7 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
     feats = target_features(tgt)
     kernel_steps = [s for s in plan.steps if s["kind"] == "kernel"]
     constants = _kernel_constants(plan)
+    bodies: dict[str, str] = {}  # rendered body -> the kernel that has it (layers repeat)
     for k, step in zip(plan.kernels, kernel_steps):
         h = k.structural_hash()
         tuned = db.lookup(h, feats) if db is not None else None
@@ -553,7 +554,7 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
         src = renderer.kernel(k, sched)
         if kernel_symbols(k):
             step["dims"] = True  # the runtime passes the symbols' values after the buffers
-        sources.append(src)
+        sources.append(_dedup(src, k.name, bodies))
         info.append({"symbol": k.name, "note": k.note, "hash": h, "tuned": tuned is not None,
                      "work": sum(stage_work(st) for st in k.stages),
                      "schedule": [s.describe() for s in sched]})
@@ -567,6 +568,16 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
     with tempfile.TemporaryDirectory(prefix="deploy-build-") as tmp:
         lib = build_shared_library(chunks, Path(tmp) / "model.so", tuple(tgt.cc_flags), jobs)
         return {"lib/model.so": lib.read_bytes()}, info
+
+
+def _dedup(src: str, name: str, bodies: dict[str, str]) -> str:
+    """A kernel whose code equals an earlier one's (the same layer repeated) calls it instead
+    of being compiled again."""
+    head, _, body = src.partition(f"void {name}(")
+    first = bodies.setdefault(body, name)
+    if first == name:
+        return src
+    return f"{head}void {first}(void* const* args);\nvoid {name}(void* const* args) {{ {first}(args); }}\n"
 
 
 def _fuse_attention(k, tuned, constants):

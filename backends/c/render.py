@@ -156,6 +156,7 @@ class CRenderer:
         return PRELUDE + "\n" + "\n".join(rendered)
 
     def kernel(self, k: Kernel, schedules: list[StageSchedule]) -> str:
+        self._tmp = 0  # fresh names per kernel: equal kernels render equal (compiler dedups)
         self.buffers = {b.name: b for b in (*k.inputs, *k.outputs, *k.temps,
                                             *(a for a, _ in k.aliases))}
         lines = [f"/* {k.note} */" if k.note else "", f"void {k.name}(void* const* args) {{"]
