@@ -250,6 +250,9 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
                           "intermediate_bytes": memory.intermediate_bytes,
                           "inplace": {str(k): v for k, v in sorted(memory.inplace.items())},
                           "offsets": {str(k): v for k, v in sorted(memory.offsets.items())}}
+    if memory.deferred:  # symbolic sizes: the runtime places these per distinct size
+        manifest["memory"]["deferred"] = [[v, dim_json(n), a, b] for v, n, a, b in memory.deferred]
+        manifest["memory"]["shared"] = {str(k): v for k, v in sorted(memory.shared.items())}
     for vid, arr in plan.constants.items():
         members[f"weights/{vid}.npy"] = array_bytes(arr)
     lap("package")
@@ -418,7 +421,7 @@ def _plan(graph: Graph) -> Plan:
 
 
 def _plan_memory(graph: Graph, plan: Plan) -> MemoryPlan:
-    nbytes = {i: (v.type.numel * v.dtype.itemsize if v.type.is_static else None)
+    nbytes = {i: (v.type.sym_numel * v.dtype.itemsize if v.type.is_symbolic else None)
               for v, i in plan.ids.items()}
     outside = {plan.ids[v] for v in graph.inputs} | set(plan.constants) | \
         {plan.ids[v] for v in graph.outputs}

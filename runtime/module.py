@@ -22,7 +22,8 @@ from .artifact import aligned_array, aligned_empty, read_artifact
 from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu import GpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
-from .shapes import ShapeProgram, is_symbolic, shape_of
+from .arena import place
+from .shapes import ShapeProgram, evaluate, is_symbolic, shape_of
 from .specs import TensorSpec, validate_inputs
 
 _LIB_DIR = None
@@ -75,6 +76,12 @@ class Module:
         self._fresh = [(v, *self.values[v]) for v in written if v not in self._offsets]
         self._owned_outputs -= set(self._offsets)  # the arena is reused: copy what lives there
         self._dims_slot = m.get("dims_slot")
+        self._deferred = memory.get("deferred", [])  # symbolic sizes: placed per Signature
+        self._shared = {int(k): v for k, v in memory.get("shared", {}).items()}
+        if self._deferred:
+            in_arena = {d[0] for d in self._deferred} | set(self._shared)
+            self._fresh = [f for f in self._fresh if f[0] not in in_arena]
+            self._owned_outputs -= in_arena
         self._out_views = self._output_views() if static else None
         fresh_at = {f[0]: k for k, f in enumerate(self._fresh)}
         outs = m["output_ids"]
@@ -182,7 +189,11 @@ class Module:
         sig = self._sigs.get(key)
         if sig is None:
             shapes = {vid: shape_of(raw, env) for vid, raw in self._raw_shapes.items()}
-            sig = Signature(shapes, np.array(key, dtype=np.int64), self._output_views(shapes))
+            offsets, arena_bytes = place([(v, evaluate(n["sym"] if isinstance(n, dict) else n, env),
+                                           a, b) for v, n, a, b in self._deferred])
+            offsets.update({v: offsets[r] for v, r in self._shared.items() if r in offsets})
+            sig = Signature(shapes, np.array(key, dtype=np.int64), self._output_views(shapes),
+                            offsets, arena_bytes)
             self._sigs[key] = sig
             if len(self._sigs) > SIGNATURES:
                 self._sigs.popitem(last=False)
@@ -197,6 +208,7 @@ class Module:
             ptrs[vid] = _address(arr)
         if sig is not None:
             ptrs[self._dims_slot] = sig.dims.ctypes.data
+            self._bind_arena(ws, sig)
         fresh = []
         for vid, dtype, shape in self._fresh:
             arr = aligned_array(shape if sig is None else sig.shapes[vid], dtype)
@@ -214,6 +226,8 @@ class Module:
         """Step by step (plans with host ops): kernels through ctypes, host ops in numpy."""
         env: dict[int, np.ndarray] = dict(self.constants)
         env.update(zip(self.manifest["input_ids"], arrays))
+        if sig is not None:
+            self._bind_arena(ws, sig)
         for step in self.steps:
             self._step(step, env, ws.arena, sig)
         owned = self._owned_outputs
@@ -257,11 +271,24 @@ class Module:
         raise InputError(f"no compiled variant for input shapes {got}; this artifact accepts: "
                          f"{accepted} (recompile with another --shape to add one)")
 
+    def _bind_arena(self, ws: Workspace, sig: Signature) -> None:
+        """The workspace's arena laid out for ``sig``'s sizes (grown when too small, kept
+        otherwise) and the pointer table's arena slots pointed into it."""
+        if ws.sig is sig:
+            return
+        if ws.arena is None or ws.arena.nbytes < sig.arena_bytes:
+            ws.arena = aligned_empty(max(sig.arena_bytes, 64))
+        base = ws.arena.ctypes.data
+        for vid, off in sig.offsets.items():
+            ws.ptrs[vid] = base + off
+        ws.planned = {}
+        ws.sig = sig
+
     def _alloc(self, vid: int, arena, sig=None) -> np.ndarray:
         dtype, shape = self.values[vid]
-        if sig is not None:
-            shape = sig.shapes[vid]
         offset = self._offsets.get(vid)
+        if sig is not None:
+            shape, offset = sig.shapes[vid], sig.offsets.get(vid)
         if offset is None:
             return aligned_array(shape, dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -315,20 +342,23 @@ class Signature:
     """One set of symbol values: every value's shape, the int64 array kernels receive, and
     the outputs' views."""
 
-    __slots__ = ("dims", "out_views", "shapes")
+    __slots__ = ("arena_bytes", "dims", "offsets", "out_views", "shapes")
 
-    def __init__(self, shapes: dict, dims: np.ndarray, out_views: dict):
+    def __init__(self, shapes: dict, dims: np.ndarray, out_views: dict, offsets: dict,
+                 arena_bytes: int):
         self.shapes, self.dims, self.out_views = shapes, dims, out_views
+        self.offsets, self.arena_bytes = offsets, arena_bytes
 
 
 class Workspace:
     """What one run writes besides its inputs and outputs: the arena, the C entry's pointer
     table (constants and arena slots bound once) and the arena's per-value arrays."""
 
-    __slots__ = ("arena", "planned", "ptrs")
+    __slots__ = ("arena", "planned", "ptrs", "sig")
 
     def __init__(self, arena, ptrs, planned: dict):
         self.arena, self.ptrs, self.planned = arena, ptrs, planned
+        self.sig = None  # the Signature the arena slots are laid out for (symbolic sizes)
 
 
 def load(path, device=None) -> Module:

@@ -2,18 +2,19 @@
 
 Lifetimes come from the step order (defined at its producing step, alive until its last reader;
 a view keeps its source alive). Tensors are placed greedily, largest first, at the lowest offset
-that overlaps no tensor alive at the same time (the TFLite / XLA "greedy by size" heuristic).
+that overlaps no tensor alive at the same time (the TFLite / XLA "greedy by size" heuristic,
+``runtime/arena.py``). With symbolic sizes the runtime does the placement, once per distinct
+set of sizes, from the lifetimes and size expressions kept here (``MemoryPlan.deferred``).
 Graph inputs, constants and graph outputs live outside the arena; views cost no memory.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..graph_ir.sym import Sym
+from ..runtime.arena import place
 from .expr import Load, Reduce, walk
 from .kernel import Kernel, Stage
-
-ALIGN = 64
-
 
 @dataclass
 class MemoryPlan:
@@ -21,10 +22,10 @@ class MemoryPlan:
     arena_bytes: int
     intermediate_bytes: int  # what one buffer per tensor would need
     inplace: dict[int, int] = field(default_factory=dict)  # output id -> input id it overwrote
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+    # symbolic sizes: (value id, bytes as a Sym or int, first step, last step), placed by the
+    # runtime once per distinct set of sizes (runtime/arena.py), and view/in-place -> root
+    deferred: list = field(default_factory=list)
+    shared: dict[int, int] = field(default_factory=dict)
 
 
 def inplace_pairs(kernel: Kernel) -> dict[int, int]:
@@ -80,24 +81,15 @@ def plan_memory(steps: list[dict], nbytes: dict[int, int | None], outside: set[i
                 end[v] = max(end.get(v, s), s)
     # a value whose view escapes as a graph output must stay outside the arena
     escaped = {root[v] for v in outside if v in root}
-    cands = [v for v in start if v not in outside and v not in escaped and nbytes.get(v)]
-    cands.sort(key=lambda v: (-nbytes[v], start[v]))
-    placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
-    offsets: dict[int, int] = {}
-    for v in cands:
-        size = _align(nbytes[v])
-        live = sorted((o, sz) for o, sz, a, b in placed if a <= end[v] and start[v] <= b)
-        offset = 0
-        for o, sz in live:
-            if offset + size <= o:
-                break
-            offset = max(offset, o + sz)
-        placed.append((offset, size, start[v], end[v]))
-        offsets[v] = offset
+    cands = [v for v in start if v not in outside and v not in escaped and nbytes.get(v) is not None]
+    if any(isinstance(nbytes[v], Sym) for v in cands):  # placed by the runtime, per size
+        shared = {v: r for v, r in root.items() if r in cands and v not in outside}
+        deferred = [(v, nbytes[v], start[v], end[v]) for v in cands]
+        return MemoryPlan({}, 0, 0, dict(inplace), deferred, shared)
+    offsets, arena = place([(v, nbytes[v], start[v], end[v]) for v in cands])
     for v, r in root.items():  # views and in-place outputs share their source's offset
         if r in offsets and v not in outside:
             offsets[v] = offsets[r]
-    arena = max((o + sz for o, sz, _, _ in placed), default=0)
     total = sum(nbytes[v] for v in start if v not in outside and nbytes.get(v))
     total += sum(nbytes[v] for v in inplace if nbytes.get(v))
     return MemoryPlan(offsets, arena, total, dict(inplace))
