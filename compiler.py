@@ -702,15 +702,36 @@ def _symbol_manifest(plan: Plan, report: dict) -> dict:
     if not plan.symbols:
         return {}
     ctx = sym.context()
+    ranges = {s: ctx.ranges.get(s, (1, None)) for s in plan.symbols}
     seen, constraints = set(), []
     for a, b, where in ctx.equal:
-        key = (str(a), str(b))
-        if key not in seen and a != b:
-            seen.add(key)
-            constraints.append([dim_json(a), dim_json(b), where])
+        key = tuple(sorted((str(a), str(b))))
+        if key in seen or a == b or _as_upper_bound(a, b, ranges) or _as_upper_bound(b, a, ranges):
+            continue
+        seen.add(key)
+        constraints.append([dim_json(a), dim_json(b), where])
     return {"symbols": plan.symbols, "dims_slot": dims_slot(plan),
-            "dims": {s: list(ctx.ranges.get(s, (1, None))) for s in plan.symbols},
-            "constraints": constraints}
+            "dims": {s: list(r) for s, r in ranges.items()}, "constraints": constraints}
+
+
+def _as_upper_bound(a, b, ranges: dict) -> bool:
+    """``a == min(c, a)`` for a symbol ``a`` (a table of c rows sliced to ``a``) is the range
+    bound ``a <= c``: recorded in ``ranges``, so the error reads as one."""
+    if not (isinstance(a, Sym) and isinstance(b, Sym) and len(b.terms) == 1):
+        return False
+    (mono, coeff), = b.terms
+    name = str(a)
+    if coeff != 1 or len(mono) != 1 or not isinstance(mono[0], sym.Op) or name not in ranges:
+        return False
+    op = mono[0]
+    if op.kind != "min" or a not in op.args:
+        return False
+    (c,) = [x for x in op.args if x != a] or [None]
+    if not isinstance(c, int):
+        return False
+    lo, hi = ranges[name]
+    ranges[name] = (lo, c if hi is None else min(hi, c))
+    return True
 
 
 def dumps(obj) -> str:

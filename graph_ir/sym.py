@@ -222,7 +222,8 @@ class Sym:
     def __str__(self) -> str:
         parts = []
         for m, c in self.terms:
-            body = "*".join(_paren(a) if isinstance(a, Op) else a for a in m)
+            body = "*".join(a if isinstance(a, str) else str(a) if a.kind in ("max", "min")
+                            or len(m) == 1 else f"({a})" for a in m)
             if not body:
                 parts.append(str(c))
             elif c == 1:

@@ -138,7 +138,8 @@ def _broadcast_symbolic(dims: list, shapes, axis: int):
                             set().union(*(free_symbols(d) for d in dims)))
     ctx = context()
     for d in dims[1:]:
-        ctx.equal.append((dims[0], d, f"broadcast of {list(shapes)}"))
+        where = " with ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes)
+        ctx.equal.append((dims[0], d, f"broadcast of {where}"))
     return dims[0]
 
 
