@@ -47,7 +47,8 @@ from .tensor_ir.lower import LOWERINGS, lower_node
 from .tensor_ir.memory import MemoryPlan, inplace_pairs, plan_memory
 from .tensor_ir.pack import pack_weights
 from .tensor_ir.schedule import default_schedule, stage_work
-from .tensor_ir.tuning_db import TuningDB
+from .tensor_ir.kernel import size_bucket
+from .tensor_ir.tuning_db import TuningDB, with_bucket
 from .variants import expand_shape_specs, merge_variants
 
 VIEW_OPS = {movement.Reshape, signal.BitCast}  # same bytes, another shape or dtype
@@ -550,7 +551,7 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
     bodies: dict[str, str] = {}  # rendered body -> the kernel that has it (layers repeat)
     for k, step in zip(plan.kernels, kernel_steps):
         h = k.structural_hash()
-        tuned = db.lookup(h, feats) if db is not None else None
+        tuned = db.lookup(h, with_bucket(feats, size_bucket(k))) if db is not None else None
         k, tuned = _fuse_attention(k, tuned, constants.get(k.name))
         sched = default_schedule(k, tuned, tgt.vector_bits)
         k, sched = _pack_weights(k, sched, step, plan, tuned, tgt.vector_bits)

@@ -7,13 +7,14 @@ and temporary buffers plus the stages that fill them, in order.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..graph_ir.sym import Sym
+from ..graph_ir.sym import Sym, context, evaluate, free_symbols
 from ..graph_ir.types import DType
-from .expr import Expr, Var, as_expr
+from .expr import Const, Expr, Reduce, Var, as_expr, transform
 
 
 @dataclass(frozen=True)
@@ -137,3 +138,51 @@ def reduce_vars(extents, prefix: str = "r") -> tuple[tuple[Var, int], ...]:
     tag = _counter[0]
     return tuple((Var(f"{prefix}{tag}_{k}"), e if isinstance(e, Sym) else int(e))
                  for k, e in enumerate(extents))
+
+
+def kernel_sizes(k: Kernel) -> set[str]:
+    """The symbols ``k``'s buffer shapes depend on (every symbolic size of a kernel comes from
+    them)."""
+    return {s for b in (*k.inputs, *k.outputs, *k.temps, *(a for a, _ in k.aliases))
+            for d in b.shape for s in free_symbols(d)}
+
+
+def size_env(k: Kernel) -> dict[str, int]:
+    """The sizes a symbolic kernel is tuned at: its symbols' hints."""
+    return {s: context().hint(s) for s in sorted(kernel_sizes(k))}
+
+
+def size_bucket(k: Kernel) -> str:
+    """``size_env`` as text, e.g. ``batch=1,seq=128``; '' for a static kernel. Tuning records
+    of symbolic kernels are keyed by it too."""
+    return ",".join(f"{s}={v}" for s, v in size_env(k).items())
+
+
+def specialize(k: Kernel, env: dict[str, int]) -> Kernel:
+    """``k`` with every symbolic size replaced by its value in ``env`` (for measuring)."""
+    def size(d):
+        return evaluate(d, env) if isinstance(d, Sym) else d
+
+    def buf(b: Buffer) -> Buffer:
+        if isinstance(b, PermutedBuffer):
+            return dataclasses.replace(b, shape=tuple(map(size, b.shape)),
+                                       physical=tuple(map(size, b.physical)))
+        return dataclasses.replace(b, shape=tuple(map(size, b.shape)))
+
+    def expr(e):
+        def fix(x):
+            if isinstance(x, Const) and isinstance(x.value, Sym):
+                return Const(size(x.value), x.dtype)
+            if isinstance(x, Reduce):
+                return Reduce(x.op, tuple((v, size(n)) for v, n in x.vars), x.body, x.dtype)
+            return None
+        return transform(e, fix)
+
+    stages = [dataclasses.replace(
+        st, extents=tuple(map(size, st.extents)), body=expr(st.body),
+        store_index=None if st.store_index is None else tuple(map(expr, st.store_index)))
+        for st in k.stages]
+    return dataclasses.replace(k, inputs=[buf(b) for b in k.inputs],
+                               outputs=[buf(b) for b in k.outputs],
+                               temps=[buf(b) for b in k.temps], stages=stages,
+                               aliases=[(buf(a), n) for a, n in k.aliases])

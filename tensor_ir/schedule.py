@@ -98,7 +98,8 @@ def _symbolic(stage: Stage) -> bool:
 def tunable_stages(kernel: Kernel, vector_bits: int = 512) -> list[int]:
     """Stages whose schedule has a tuning space: those the default rules give a register tile
     (a contraction an earlier rule takes, a layer norm's dot products say, has none)."""
-    if not any(rule_gemm_tile(st) is not None for st in kernel.stages):
+    if not any(rule_gemm_tile(hinted(st)) is not None for st in kernel.stages
+               if not isinstance(st, AttentionStage)):
         return []
     sched = default_schedule(kernel, None, vector_bits)
     return [k for k, sc in enumerate(sched) if sc is not None and sc.gemm is not None]

@@ -27,6 +27,11 @@ class TuningRecord:
         return self.kernel_hash, feature_key(self.features)
 
 
+def with_bucket(features: dict, bucket: str) -> dict:
+    """The features a record is keyed by: a symbolic kernel's also name its size bucket."""
+    return dict(features, sizes=bucket) if bucket else features
+
+
 def feature_key(features: dict) -> str:
     return json.dumps(features, sort_keys=True)
 

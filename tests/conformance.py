@@ -298,6 +298,32 @@ def _run_deploy(model, data_sets, case: Case, result: Result) -> None:
         result.status, result.detail = phase, _one_line(e)
 
 
+def _run_deploy_aot(model, data_sets, case: Case, result: Result) -> None:
+    """Ahead of time: ``deploy.compile(model)`` with no input values and no shapes (the
+    model's own input types, symbolic dims kept), then ``load(...).run(feeds)``."""
+    import deploy
+    from deploy.errors import UnsupportedOpsError
+    try:
+        with tempfile.TemporaryDirectory(prefix="deploy-aot-") as tmp:
+            mod = deploy.compile(model).load(os.path.join(tmp, "model.dpk"))
+    except UnsupportedOpsError as e:
+        result.status, result.detail = "unsupported-op", _one_line(e)
+        result.missing = sorted({op for _, op, _, _ in e.missing})
+        return
+    except Exception as e:  # noqa: BLE001
+        result.status, result.detail = "compile-error", _one_line(e)
+        return
+    names = [s.name for s in mod.input_specs]
+    try:
+        for ins, refs in data_sets:
+            feed = {n: np.asarray(x) for n, x in zip(names, ins)}
+            compare(refs, list(mod.run(feed)), case.rtol, case.atol)
+    except Mismatch as e:
+        result.status, result.detail = e.status, _one_line(e)
+    except Exception as e:  # noqa: BLE001
+        result.status, result.detail = "runtime-error", _one_line(e)
+
+
 def _run_ort(model, data_sets, case: Case, result: Result) -> None:
     import onnxruntime as ort
     opts = ort.SessionOptions()
@@ -332,7 +358,8 @@ def selftest_hang(model, data_sets, case: Case, result: Result) -> None:
     time.sleep(3600)
 
 
-RUNNERS: dict[str, Callable] = {"deploy": _run_deploy, "ort": _run_ort}
+RUNNERS: dict[str, Callable] = {"deploy": _run_deploy, "deploy-aot": _run_deploy_aot,
+                                "ort": _run_ort}
 
 
 def _name(backend: str | Callable) -> str:
@@ -551,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     cases = _select(args)
     backends = ("deploy",) if args.no_ort else BACKENDS
+    if args.aot:
+        backends = ("deploy-aot",) + backends[1:]
     timeout = args.timeout if args.timeout else None
     print(f"{len(cases)} cases x {len(backends)} backends, {args.jobs or os.cpu_count()} jobs",
           flush=True)
@@ -585,6 +614,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=int, metavar="N", help="every N-th selected case")
     p.add_argument("--cases", nargs="+", metavar="NAME", help="exact case names")
     p.add_argument("--no-ort", action="store_true", help="run deploy only")
+    p.add_argument("--aot", action="store_true",
+                   help="deploy ahead of time: deploy.compile(model), no input values or shapes "
+                        "at compile time, then load(...).run(feeds) (default: the ONNX backend "
+                        "interface, which compiles per input shapes and shape-operand values)")
     p.add_argument("--jobs", type=int, help="parallel case processes (default: CPU count)")
     p.add_argument("--timeout", type=float, help="seconds per case (default: node 120, else 600)")
     p.add_argument("--report", help="write the markdown report here (and JSON beside --json)")

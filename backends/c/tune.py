@@ -10,10 +10,10 @@ import random
 import time
 from dataclasses import dataclass
 
-from ...tensor_ir.kernel import Kernel
+from ...tensor_ir.kernel import Kernel, size_bucket, size_env, specialize
 from ...tensor_ir.pack import pack_weights
 from ...tensor_ir.schedule import default_schedule, gemm_space, tunable_stages
-from ...tensor_ir.tuning_db import TuningDB, TuningRecord
+from ...tensor_ir.tuning_db import TuningDB, TuningRecord, with_bucket
 from .measure import time_kernels
 
 
@@ -123,17 +123,20 @@ def tune_kernels(kernels: list[Kernel], level: str, features: dict, flags, budge
     todo = [k for k in kernels if tunable_stages(k)]
     for n, k in enumerate(todo, 1):
         h = k.structural_hash()
-        if h in seen or db.lookup(h, features) is not None:
+        if h in seen or db.lookup(h, with_bucket(features, size_bucket(k))) is not None:
             continue
         seen.add(h)
         if time.time() > deadline:
             report.stopped_by_budget = True
             log(f"tune: budget spent after {n - 1}/{len(todo)} kernels")
             break
-        rec = tune_kernel(k, level, flags, deadline, rng, report, packed.get(id(k), set()),
+        # a symbolic kernel is measured at its size bucket (the symbols' hints)
+        bucket = size_bucket(k)
+        sized = specialize(k, size_env(k)) if bucket else k
+        rec = tune_kernel(sized, level, flags, deadline, rng, report, packed.get(id(k), set()),
                           vector_bits)
         if rec is not None:
-            db.add(TuningRecord(rec.kernel_hash, features, rec.params, rec.seconds,
+            db.add(TuningRecord(h, with_bucket(features, bucket), rec.params, rec.seconds,
                                 rec.baseline_seconds))
             log(f"tune [{n}/{len(todo)}] {k.note[:60]}: {rec.baseline_seconds * 1e3:.3f} ms -> "
                 f"{rec.seconds * 1e3:.3f} ms {rec.params.get(next(iter(rec.params), ''), '')}")
