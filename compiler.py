@@ -104,10 +104,10 @@ def _graph_symbols(graph: Graph) -> set[str]:
 
 
 def _check_symbolic_backend(graph: Graph, tgt: Target) -> None:
-    """Symbolic sizes run on the C backend; a GPU target binds them (SymbolicError: the
-    caller binds and compiles again)."""
+    """Symbolic sizes run on the C and Triton backends; another backend binds them
+    (SymbolicError: the caller binds and compiles again)."""
     syms = _graph_symbols(graph)
-    if syms and tgt.backend != "c":
+    if syms and tgt.backend not in ("c", "triton"):
         raise sym.SymbolicError(f"the {tgt.backend} backend compiles fixed sizes", syms)
 
 
@@ -348,6 +348,10 @@ def _precision_record(art: Artifact, reference: Graph, tgt: Target, half, tf32: 
                         f"{PRECISION_CHECK_LIMIT:.0e}; check_precision=True forces it)"
                         if check is None else "skipped: check_precision=False")
         return rec
+    if tgt.backend != "c" and _graph_symbols(art.graph):
+        rec["check"] = ("skipped: symbolic sizes are not emulated; check on the device with "
+                        "`deploy run --check`")
+        return rec
     inputs = precision.check_inputs(reference, seed=0)
     try:
         ref = interpret(reference, inputs)
@@ -501,7 +505,8 @@ def _build_gpu(plan: Plan, tgt: Target, dump: Path | None, options: dict,
     tf32 = options.get("allow_tf32", False)
     feats = gpu_features(tgt, tf32)
     tuned = {k.name: rec for k in plan.kernels
-             if db is not None and (rec := db.lookup(k.structural_hash(), feats)) is not None}
+             if db is not None and (rec := db.lookup(k.structural_hash(),
+                                                     with_bucket(feats, size_bucket(k)))) is not None}
     return build_gpu(plan.kernels, tgt, dump, aot=options.get("aot", True), allow_tf32=tf32,
                      host_ops=plan.host_ops, tuned=tuned, constants=_kernel_constants(plan))
 

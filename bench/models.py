@@ -5,8 +5,11 @@ defaults, e.g. ``ResNetConfig()`` is microsoft/resnet-50) with weights drawn aft
 ``torch.manual_seed(SEED)``. ``--tiny`` variants keep every op kind but use few layers and small
 widths, for fast tests. Exported files are cached under ``bench/.models/`` (gitignored by a
 ``.gitignore`` the cache writes into itself), keyed by everything that changes the file.
+``--dynamic`` (``model_path(..., dynamic=True)``) exports with ONNX dynamic axes: inputs
+``[batch, seq]`` for text models, ``[batch, C, H, W]`` for images (see ``dynamic_axes``).
 
     python -m deploy.bench.models resnet50 [--batch 1] [--tiny] [--exporter dynamo|torchscript]
+        [--dynamic]
     python -m deploy.bench.models bert --compile      # also compile for host, time it, check vs ORT
     python -m deploy.bench.models all --tiny
 """
@@ -213,33 +216,58 @@ def random_inputs(specs: list[InputSpec], rng: np.random.Generator) -> dict[str,
     return out
 
 
+def dynamic_axes(spec: InputSpec) -> dict[int, str]:
+    """The dims a dynamic export leaves open: ``batch`` for images, ``batch`` and ``seq`` for
+    token ids and masks."""
+    return {0: "batch"} if spec.kind == "image" else {0: "batch", 1: "seq"}
+
+
+def graph_input_dims(model) -> dict[str, list]:
+    """Each graph input's dims (path or ModelProto): ints, dim_param names, or None."""
+    import onnx
+    proto = onnx.load(str(model), load_external_data=False) if not hasattr(model, "graph") else model
+    init = {t.name for t in proto.graph.initializer}
+    return {i.name: [d.dim_param or (d.dim_value if d.HasField("dim_value") else None)
+                     for d in i.type.tensor_type.shape.dim]
+            for i in proto.graph.input if i.name not in init}
+
+
 # ----------------------------------------------------------------------------- export + cache
 
-def cache_key(name: str, tiny: bool, batch: int, exporter: str, cfg) -> str:
+def cache_key(name: str, tiny: bool, batch: int, exporter: str, cfg,
+              dynamic: bool = False) -> str:
     import torch
     import transformers
-    blob = json.dumps({"name": name, "tiny": tiny, "batch": batch, "exporter": exporter,
-                       "opset": OPSET, "seed": SEED, "format": FORMAT,
-                       "config": cfg.to_json_string(use_diff=False),
-                       "torch": torch.__version__, "transformers": transformers.__version__},
-                      sort_keys=True)
+    key = {"name": name, "tiny": tiny, "batch": batch, "exporter": exporter,
+           "opset": OPSET, "seed": SEED, "format": FORMAT,
+           "config": cfg.to_json_string(use_diff=False),
+           "torch": torch.__version__, "transformers": transformers.__version__}
+    if dynamic:  # absent otherwise: static exports keep their keys
+        key["dynamic"] = True
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def model_path(name: str, batch: int = 1, tiny: bool = False, exporter: str | None = None,
-               verbose: bool = False) -> Path:
-    """Path of the cached ONNX export, exporting it first if needed."""
+               verbose: bool = False, dynamic: bool = False) -> Path:
+    """Path of the cached ONNX export, exporting it first if needed. ``dynamic``: export with
+    the dims of ``dynamic_axes`` open; ``batch`` is then only the example's batch and is raised
+    to 2 (torch.export specializes a size-1 dim to the constant 1)."""
     name = recipe_name(name)
     exporter = exporter or RECIPES[name].exporter
     cfg = RECIPES[name].config(tiny)
-    stem = f"{name}{'-tiny' if tiny else ''}-b{batch}-{exporter}-{cache_key(name, tiny, batch, exporter, cfg)}"
+    batch = max(batch, 2) if dynamic else batch
+    key = cache_key(name, tiny, batch, exporter, cfg, dynamic)
+    stem = f"{name}{'-tiny' if tiny else ''}{'-dyn' if dynamic else ''}-b{batch}-{exporter}-{key}"
     path = CACHE_DIR / f"{stem}.onnx"
     if path.exists() and path.with_suffix(".json").exists():
         return path
     _ensure_cache_dir()
     module, specs, _ = build(name, tiny, batch)
-    meta = export(module, specs, path, exporter, verbose)
+    meta = export(module, specs, path, exporter, verbose, dynamic)
     meta.update(name=name, tiny=tiny, batch=batch, exporter=exporter)
+    if dynamic:
+        meta.update(dynamic=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(meta, indent=1))
     os.replace(tmp, path.with_suffix(".json"))
@@ -261,9 +289,10 @@ def input_specs(path: Path) -> list[InputSpec]:
 
 
 def export(module, specs: list[InputSpec], path: Path, exporter: str,
-           verbose: bool = False) -> dict:
+           verbose: bool = False, dynamic: bool = False) -> dict:
     """torch.onnx.export at opset 17 into ``path`` (one file, no external data); check that
-    ONNX Runtime loads it and agrees with torch. Returns metadata for the cache."""
+    ONNX Runtime loads it and agrees with torch. ``dynamic``: the dims of ``dynamic_axes`` stay
+    open (dim_params ``batch``/``seq``, checked). Returns metadata for the cache."""
     import onnx
     import torch
     example = random_inputs(specs, np.random.default_rng(SEED))
@@ -274,6 +303,8 @@ def export(module, specs: list[InputSpec], path: Path, exporter: str,
     with quiet, torch.no_grad():
         kwargs = {"opset_version": OPSET, "input_names": [s.name for s in specs],
                   "output_names": ["output"]}
+        if dynamic:
+            kwargs.update(_dynamic_kwargs(specs, exporter))
         if exporter == "dynamo":  # it writes opset 18 natively; to_opset17 converts it
             kwargs["opset_version"] = 18
             torch.onnx.export(module, args, str(tmp), dynamo=True, external_data=False,
@@ -289,12 +320,41 @@ def export(module, specs: list[InputSpec], path: Path, exporter: str,
         proto = to_opset17(proto)
         onnx.save(proto, str(tmp))
     got = _ort_run(str(tmp), example)[0]
-    os.replace(tmp, path)
-    return {"inputs": [asdict(s) for s in specs], "export_seconds": round(seconds, 2),
+    meta = {"inputs": [asdict(s) for s in specs], "export_seconds": round(seconds, 2),
             "ir_version": proto.ir_version,
             "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
             "op_histogram": dict(op_histogram(proto).most_common()),
             "nodes": len(proto.graph.node), "torch_vs_ort_max_abs": float(np.abs(got - expected).max())}
+    if dynamic:
+        meta["input_dims"] = _check_dynamic_dims(proto, specs, tmp)
+    os.replace(tmp, path)
+    return meta
+
+
+def _dynamic_kwargs(specs: list[InputSpec], exporter: str) -> dict:
+    """torch.onnx.export arguments that open ``dynamic_axes``: ``dynamic_axes`` (torchscript;
+    the output's leading dims too) or ``dynamic_shapes`` (dynamo: one ``Dim`` per name, shared by
+    every input that has it; the wrapped module takes ``*args``, hence the 1-tuple)."""
+    import torch
+    if exporter == "torchscript":
+        axes = {s.name: dynamic_axes(s) for s in specs}
+        return {"dynamic_axes": {**axes, "output": dynamic_axes(specs[0])}}
+    dims = {n: torch.export.Dim(n) for s in specs for n in dynamic_axes(s).values()}
+    return {"dynamic_shapes": (tuple({k: dims[n] for k, n in dynamic_axes(s).items()}
+                                     for s in specs),)}
+
+
+def _check_dynamic_dims(proto, specs: list[InputSpec], tmp: Path) -> dict[str, list]:
+    """The exported inputs' dims; each dim of ``dynamic_axes`` must carry its dim_param."""
+    dims = graph_input_dims(proto)
+    for s in specs:
+        got = dims.get(s.name, [])
+        bad = {k: n for k, n in dynamic_axes(s).items() if k >= len(got) or got[k] != n}
+        if bad:
+            tmp.unlink(missing_ok=True)
+            raise ValueError(f"dynamic export: input {s.name} has dims {got}, expected "
+                             f"dim_params {bad}")
+    return dims
 
 
 REDUCE_18 = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
@@ -500,6 +560,8 @@ def _print_histogram(path: Path) -> None:
           f"{meta['nodes']} nodes, torch vs ORT max |d| {meta['torch_vs_ort_max_abs']:.2e}")
     print("  inputs: " + ", ".join(f"{s['name']} {s['dtype']}{list(s['shape'])}"
                                    for s in meta["inputs"]))
+    if meta.get("dynamic"):
+        print("  graph inputs: " + ", ".join(f"{n} {d}" for n, d in meta["input_dims"].items()))
     print("  ops: " + ", ".join(f"{op} {n}" for op, n in meta["op_histogram"].items()))
 
 
@@ -515,12 +577,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="compile for host, time the stages, run, compare with ORT")
     p.add_argument("--runs", type=int, default=5, help="timed runs with --compile")
     p.add_argument("--verbose", action="store_true", help="show exporter output")
+    p.add_argument("--dynamic", action="store_true",
+                   help="export with dynamic axes (batch; seq for text models)")
     a = p.parse_args(argv)
     names = list(RECIPES) if a.name == "all" else [a.name]
     status = 0
     for name in names:
         try:
-            path = model_path(name, a.batch, a.tiny, a.exporter, a.verbose)
+            path = model_path(name, a.batch, a.tiny, a.exporter, a.verbose, a.dynamic)
         except KeyError as e:
             print(e.args[0], file=sys.stderr)
             return 2

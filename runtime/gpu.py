@@ -41,6 +41,8 @@ from .dlpack import DeviceArray
 from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu_plan import Plan, Runner, SlabPlans
 from .gpu_pool import OutputPool
+from .arena import place
+from .shapes import ShapeProgram, evaluate, shape_of
 from .specs import TensorSpec, validate_inputs
 
 ALIGN = 256
@@ -58,7 +60,11 @@ def is_gpu_artifact(manifest: dict) -> bool:
 class GpuModule:
     """``deploy.load(path)`` returns one of these for GPU artifacts."""
 
-    def __init__(self, path, contents=None, device=None):
+    def __init__(self, path, contents=None, device=None, env: dict | None = None,
+                 constants: dict[int, int] | None = None):
+        """``env`` (symbolic artifacts, made by ``SymbolicGpuModule``): the values of the
+        symbols and size parameters this instance runs at; ``constants``: value id -> device
+        address of weights uploaded once for every instance."""
         contents = contents or read_artifact(path)
         self.path = str(path)
         self.manifest = m = contents.manifest
@@ -67,18 +73,21 @@ class GpuModule:
             raise ArtifactError(f"{path}: a GPU artifact without a GPU launch plan")
         if m.get("host_ops"):
             raise ArtifactError(f"{path}: host ops {m['host_ops']} do not run on GPUs yet")
-        self.input_specs = [TensorSpec.from_json(d) for d in m["inputs"]]
-        self.output_specs = [TensorSpec.from_json(d) for d in m["outputs"]]
-        self.values = {int(k): (storage_dtype(v["dtype"]), _static(v["shape"], k, path))
+        self._env = env or {}
+        self.input_specs = [_spec_at(d, self._env) for d in m["inputs"]]
+        self.output_specs = [_spec_at(d, self._env) for d in m["outputs"]]
+        self.values = {int(k): (storage_dtype(v["dtype"]), _static(v["shape"], k, path, self._env))
                        for k, v in m["values"].items()}
         self._closed, self._own_device = False, device is None
         self.device = device if device is not None else default_device(self.gpu, path)
         self.device.activate()
-        self.device.load(self.gpu, contents.members)
+        if constants is None:
+            self.device.load(self.gpu, contents.members)
         self.ptr: dict[int, int] = {}
-        self._allocate()
+        self._allocate(constants)
         for k, name in m["constants"].items():
-            self.device.upload(self.ptr[int(k)], np.ascontiguousarray(contents.array(name)))
+            if constants is None:
+                self.device.upload(self.ptr[int(k)], np.ascontiguousarray(contents.array(name)))
         self._runner = Runner(self.device, os.environ.get("DEPLOY_CUDA_GRAPH", "1") != "0")
         self._plan = Plan(self._prepare(self.ptr))
         self._lock = threading.Lock()
@@ -136,8 +145,9 @@ class GpuModule:
         dtype, shape = self.values[vid]
         return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
-    def _allocate(self) -> None:
-        """Offsets of every tensor in one device allocation, then the allocation itself."""
+    def _allocate(self, constants: dict[int, int] | None = None) -> None:
+        """Offsets of every tensor in one device allocation, then the allocation itself
+        (``constants``: weights that live elsewhere, shared by instances of one artifact)."""
         m = self.manifest
         at, offsets = 0, {}
 
@@ -147,13 +157,14 @@ class GpuModule:
                 offsets[vid] = at
                 at += _align(max(self._nbytes(vid), 1))
 
-        for k in m["constants"]:
-            place(int(k))
+        if constants is None:
+            for k in m["constants"]:
+                place(int(k))
         for vid in m["input_ids"]:
             place(vid)
-        plan = {int(k): int(v) for k, v in m.get("memory", {}).get("offsets", {}).items()}
+        plan, arena_bytes = _memory_plan(m.get("memory", {}), self._env)
         arena = at
-        at += _align(int(m.get("memory", {}).get("arena_bytes", 0)))
+        at += _align(arena_bytes)
         views = {}
         for step in m["steps"]:
             for vid in step["outputs"]:
@@ -167,13 +178,14 @@ class GpuModule:
             if vid not in offsets and vid not in views:
                 place(vid)
         self._scratch = at
-        at += _align(int(self.gpu.get("scratch_bytes", 0)))
+        at += _align(_size(self.gpu.get("scratch_bytes", 0), self._env))
         self._triton_scratch = at
         at += _align(max((_scratch_bytes(launch) for plan in self.gpu["kernels"].values()
                           for launch in plan["launches"]), default=0))
         self._bytes = at
         self._base = self.device.alloc(max(at, ALIGN))
         self.ptr = {vid: self._base + off for vid, off in offsets.items()}
+        self.ptr.update(constants or {})
         self._views = views
         for vid, src in views.items():  # in plan order, so chains of views resolve
             self.ptr[vid] = self.ptr[src]
@@ -218,8 +230,12 @@ class GpuModule:
                 args.append(ptr[step["inputs"][ref["in"]]])
             elif "out" in ref:
                 args.append(ptr[step["outputs"][ref["out"]]])
+            elif "size" in ref:
+                args.append(self._env[ref["size"]])
             else:
-                args.append(self._base + self._scratch + int(ref["temp"]))
+                args.append(self._base + self._scratch + _size(ref["temp"], self._env))
+        if self._env:  # a symbolic grid: this instance's
+            launch = dict(launch, grid=[_size(g, self._env) for g in launch["grid"]])
         trailing = int(launch["params"]) - len(args)
         if trailing < 0:
             raise ArtifactError(f"{self.path}: launch {launch['fn']} takes {launch['params']} "
@@ -449,6 +465,111 @@ class GpuModule:
                 f"({ins}) -> ({outs})>")
 
 
+GPU_SHAPES = 8  # instances (a launch plan, its memory and CUDA graph per set of sizes) kept
+INDEX_LIMIT = 2 ** 31  # size parameters and 32-bit indexing: tensors below this many elements
+
+
+class SymbolicGpuModule:
+    """A GPU artifact with symbolic sizes: weights uploaded once; per distinct set of sizes an
+    instance (a ``GpuModule`` at those sizes: its memory, launch plan and CUDA graph), the
+    ``DEPLOY_GPU_SHAPES`` (default 8) most recently used kept."""
+
+    def __init__(self, path, contents=None, device=None):
+        self._contents = contents = contents or read_artifact(path)
+        self.path = str(path)
+        self.manifest = m = contents.manifest
+        self.gpu = m["gpu"]
+        self.input_specs = [TensorSpec.from_json(d) for d in m["inputs"]]
+        self.output_specs = [TensorSpec.from_json(d) for d in m["outputs"]]
+        self._program = ShapeProgram(m)
+        self._own_device = device is None
+        self.device = device if device is not None else default_device(self.gpu, path)
+        self.device.activate()
+        self.device.load(self.gpu, contents.members)
+        self._constants, self._weights = self._upload_constants()
+        self._instances: dict[tuple, GpuModule] = {}
+        self._limit = max(1, int(os.environ.get("DEPLOY_GPU_SHAPES", GPU_SHAPES)))
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _upload_constants(self) -> tuple[dict[int, int], int]:
+        arrays = {int(k): np.ascontiguousarray(self._contents.array(name))
+                  for k, name in self.manifest["constants"].items()}
+        total = sum(_align(max(a.nbytes, 1)) for a in arrays.values())
+        base = self.device.alloc(max(total, ALIGN))
+        ptrs, at = {}, 0
+        for vid, arr in arrays.items():
+            ptrs[vid] = base + at
+            self.device.upload(ptrs[vid], arr)
+            at += _align(max(arr.nbytes, 1))
+        return ptrs, base
+
+    def instance(self, inputs) -> GpuModule:
+        """The instance for these inputs' sizes (made, and the least recently used one
+        dropped, as needed); InputError naming the symbol when the sizes do not fit."""
+        shapes = [tuple(getattr(x, "shape", np.shape(x)))
+                  for x in _ordered(self.input_specs, inputs)]
+        env = self._program.bind(shapes)
+        key = self._program.values(env)
+        with self._lock:
+            if self._closed:
+                raise DeployError(f"{self.path}: this module was closed; cannot run it")
+            inst = self._instances.pop(key, None)
+            if inst is None:
+                inst = self._make(env)
+            self._instances[key] = inst
+            while len(self._instances) > self._limit:
+                self._instances.pop(next(iter(self._instances))).close()
+        return inst
+
+    def _make(self, env: dict[str, int]) -> GpuModule:
+        full = dict(env)
+        full.update({p: evaluate(e, env) for p, e in self.gpu.get("sizes", {}).items()})
+        big = [(vid, shape_of(v["shape"], env)) for vid, v in self.manifest["values"].items()]
+        for vid, shape in big:
+            if int(np.prod(shape, dtype=np.int64)) >= INDEX_LIMIT:
+                raise InputError(f"sizes {env} make value {vid} {list(shape)} reach 2**31 "
+                                 "elements, past the GPU kernels' 32-bit indexing")
+        return GpuModule(self.path, self._contents, self.device, env=full,
+                         constants=self._constants)
+
+    def run(self, inputs, *, device_outputs: bool | None = None) -> list:
+        return self.instance(inputs).run(inputs, device_outputs=device_outputs)
+
+    @property
+    def graph_error(self) -> str:
+        return next((i.graph_error for i in self._instances.values()), "")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for inst in self._instances.values():
+                inst.close()
+            self._instances.clear()
+            dev = self.device
+            dev.activate()
+            if hasattr(dev, "free"):
+                dev.free(self._weights)
+            if self._own_device and hasattr(dev, "close"):
+                dev.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(str, self.input_specs))
+        return f"<deploy.GpuModule {self.path} (symbolic sizes) ({ins})>"
+
+
 class _InSlot:
     __slots__ = ("nbytes", "ptr", "shape", "spec", "storage")
 
@@ -466,11 +587,35 @@ class _OutSlot:
         self.shared = shared  # written in the slab by its kernel: the values at its address
 
 
-def _static(shape, vid, path) -> tuple[int, ...]:
+def _static(shape, vid, path, env: dict) -> tuple[int, ...]:
+    if env:
+        return shape_of(shape, env)
     if not all(isinstance(d, int) for d in shape):
-        raise ArtifactError(f"{path}: value {vid} has symbolic shape {shape}; GPU artifacts are "
-                            "compiled for static shapes (bind them with --shape)")
+        raise ArtifactError(f"{path}: value {vid} has symbolic shape {shape} but no sizes were "
+                            "given for it (load symbolic artifacts with deploy.load)")
     return tuple(shape)
+
+
+def _size(x, env: dict) -> int:
+    """A size of the launch plan: an int, or {"sym": prefix form} over symbols and sz_*
+    parameters."""
+    return evaluate(x["sym"], env) if isinstance(x, dict) else int(x)
+
+
+def _spec_at(d: dict, env: dict) -> TensorSpec:
+    spec = TensorSpec.from_json(d)
+    return TensorSpec(spec.name, spec.dtype, shape_of(d["shape"], env)) if env else spec
+
+
+def _memory_plan(memory: dict, env: dict) -> tuple[dict[int, int], int]:
+    """Arena offsets and size: the compiler's, or placed here for symbolic sizes."""
+    if not memory.get("deferred"):
+        return ({int(k): int(v) for k, v in memory.get("offsets", {}).items()},
+                int(memory.get("arena_bytes", 0)))
+    offsets, nbytes = place([(v, _size(n, env), a, b) for v, n, a, b in memory["deferred"]])
+    offsets.update({int(k): offsets[r] for k, r in memory.get("shared", {}).items()
+                    if r in offsets})
+    return offsets, nbytes
 
 
 def _scratch_bytes(launch: dict) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import ArtifactError, DeployError, InputError
 from .artifact import aligned_array, aligned_empty, read_artifact
 from .dtypes import is_raw, storage_dtype, user_dtype
-from .gpu import GpuModule, is_gpu_artifact
+from .gpu import GpuModule, SymbolicGpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
 from .arena import place
 from .shapes import ShapeProgram, evaluate, is_symbolic, shape_of
@@ -366,6 +366,8 @@ def load(path, device=None) -> Module:
     GPU runtime (``device``: its driver, default CUDA)."""
     contents = read_artifact(path)
     if is_gpu_artifact(contents.manifest):
+        if contents.manifest.get("symbols"):
+            return SymbolicGpuModule(path, contents, device)
         return GpuModule(path, contents, device)
     return Module(path, contents)
 

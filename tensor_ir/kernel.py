@@ -160,8 +160,14 @@ def size_bucket(k: Kernel) -> str:
 
 def specialize(k: Kernel, env: dict[str, int]) -> Kernel:
     """``k`` with every symbolic size replaced by its value in ``env`` (for measuring)."""
+    return map_sizes(k, lambda d: evaluate(d, env))
+
+
+def map_sizes(k: Kernel, fn) -> Kernel:
+    """``k`` with every symbolic size ``d`` (a ``Sym`` in a buffer shape, an extent or an index
+    constant) replaced by ``fn(d)``."""
     def size(d):
-        return evaluate(d, env) if isinstance(d, Sym) else d
+        return fn(d) if isinstance(d, Sym) else d
 
     def buf(b: Buffer) -> Buffer:
         if isinstance(b, PermutedBuffer):
@@ -178,9 +184,19 @@ def specialize(k: Kernel, env: dict[str, int]) -> Kernel:
             return None
         return transform(e, fix)
 
+    def spec(sp):  # an AttentionStage's spec (tensor_ir/attention.py)
+        if sp is None:
+            return None
+        return dataclasses.replace(
+            sp, outer=tuple((v, size(e)) for v, e in sp.outer), sq=size(sp.sq), sk=size(sp.sk),
+            dk=size(sp.dk), dv=size(sp.dv), q=expr(sp.q), k=expr(sp.k), v=expr(sp.v),
+            logits=expr(sp.logits), value=expr(sp.value),
+            out_index=tuple(map(expr, sp.out_index)))
+
     stages = [dataclasses.replace(
         st, extents=tuple(map(size, st.extents)), body=expr(st.body),
-        store_index=None if st.store_index is None else tuple(map(expr, st.store_index)))
+        store_index=None if st.store_index is None else tuple(map(expr, st.store_index)),
+        **({"spec": spec(st.spec)} if hasattr(st, "spec") else {}))
         for st in k.stages]
     return dataclasses.replace(k, inputs=[buf(b) for b in k.inputs],
                                outputs=[buf(b) for b in k.outputs],

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...graph_ir.sym import SymbolicError, free_symbols, hint
 from ...graph_ir.types import DType
 from ...tensor_ir.attention import (  # noqa: F401  (re-exported for the Triton backend)
     ACC,
@@ -32,6 +33,8 @@ from ...tensor_ir.attention import (  # noqa: F401  (re-exported for the Triton 
 )
 from ...tensor_ir.expr import Expr, Load, Var, transform, walk
 from .config import DEFAULT_SHARED, LaunchConfig, pow2
+from .exprs import S
+from .sizes import cdiv
 
 
 def _vars_in(e: Expr) -> set:
@@ -76,17 +79,23 @@ def render_attention(sr, st: AttentionStage):
     """The flash function of one ``AttentionStage`` (``sr``: the render.StageRenderer)."""
     sp = st.spec
     half = sp.half is not None
-    n_outer = int(np.prod([e for _, e in sp.outer], dtype=np.int64))
-    cfg = attention_config(sp.sq, sp.sk, sp.dk, sp.dv, half, sr.parent.target, n_outer)
+    n_outer = 1
+    for _, e in sp.outer:
+        n_outer = e * n_outer
+    if not (isinstance(sp.dk, int) and isinstance(sp.dv, int)):
+        raise SymbolicError("attention head sizes must be fixed", free_symbols(sp.dk) |
+                            free_symbols(sp.dv))
+    cfg = attention_config(hint(sp.sq), hint(sp.sk), sp.dk, sp.dv, half, sr.parent.target,
+                           hint(n_outer))
     em = sr.em
     em.param(st.out)
-    n_m = -(-sp.sq // cfg.bm)
+    n_m = cdiv(sp.sq, cfg.bm)
     em.emit("pid = tl.program_id(0)" + (".to(tl.int64)" if sr.wide else ""))
-    em.emit(f"pm = {n_m - 1} - pid % {n_m}")  # the longest (causal) rows start first
-    em.emit(f"po = pid // {n_m}")
+    em.emit(f"pm = {S(n_m - 1)} - pid % {S(n_m)}")  # the longest (causal) rows start first
+    em.emit(f"po = pid // {S(n_m)}")
     em.decompose("po", [v for v, _ in sp.outer], [e for _, e in sp.outer], block=False)
     em.emit("mi = pm * BM + tl.arange(0, BM)[:, None]")
-    em.emit(f"rows = mi < {sp.sq}")
+    em.emit(f"rows = mi < {S(sp.sq)}")
     # q tile [BM, BD], kept in registers for the whole loop
     q = _tile(em, sp.q, {QI: "mi", QD: "tl.arange(0, BD)[None, :]"}, "rows",
               f"(tl.arange(0, BD)[None, :] < {sp.dk})", "[BM, BD]", half, "q")
@@ -95,14 +104,14 @@ def render_attention(sr, st: AttentionStage):
     em.emit("m_i = tl.full([BM, 1], float('-inf'), tl.float32)")
     em.emit("l_i = tl.zeros([BM, 1], tl.float32)")
     em.emit("acc = tl.zeros([BM, BDV], tl.float32)")
-    hi = str(sp.sk)
+    hi = S(sp.sk)
     if sp.causal_offset is not None:
-        hi = em.let(f"tl.minimum((pm + 1) * BM + {sp.causal_offset}, {sp.sk})", "hi")
+        hi = em.let(f"tl.minimum((pm + 1) * BM + {sp.causal_offset}, {S(sp.sk)})", "hi")
     mode = "tf32" if sr.parent.allow_tf32 else "ieee"
     precision = "" if half else f", input_precision='{mode}'"
     em.open(f"for j0 in range(0, {hi}, BN):")
     em.emit("jn = j0 + tl.arange(0, BN)[None, :]")
-    em.emit(f"cols = jn < {sp.sk}")
+    em.emit(f"cols = jn < {S(sp.sk)}")
     kt = _tile(em, sp.k, {KJ: "jn", KD: "tl.arange(0, BD)[:, None]"}, "cols",
                f"(tl.arange(0, BD)[:, None] < {sp.dk})", "[BD, BN]", half, "k")
     em.emit(f"qk = tl.dot({q}, {kt}{precision})")
@@ -120,7 +129,7 @@ def render_attention(sr, st: AttentionStage):
     em.emit("alpha = tl.exp(m_i - m_safe)")
     em.emit("l_i = l_i * alpha + tl.sum(p, 1, keep_dims=True)")
     v = _tile(em, sp.v, {VJ: "j0 + tl.arange(0, BN)[:, None]", VC: "tl.arange(0, BDV)[None, :]"},
-              f"(j0 + tl.arange(0, BN)[:, None] < {sp.sk})",
+              f"(j0 + tl.arange(0, BN)[:, None] < {S(sp.sk)})",
               f"(tl.arange(0, BDV)[None, :] < {sp.dv})", "[BN, BDV]", half, "v")
     pv = f"p.to({_tl_half(sp.half)})" if half else "p"
     em.emit(f"acc = tl.dot({pv}, {v}, acc * alpha{precision})")

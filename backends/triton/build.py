@@ -17,10 +17,12 @@ import dataclasses
 from pathlib import Path
 
 from ...errors import NotImplementedYetError
+from ...graph_ir.sym import Sym, smax
 from ...tensor_ir.expr import Load, R, Reduce, transform, walk
 from ...tensor_ir.kernel import Buffer, Kernel
 from .fuse import fuse_stages
 from .render import TritonFunction, TritonRenderer
+from .sizes import size_json
 from .toolchain import Binary, compile_functions, triton_version
 
 ALIGN = 256  # device allocations and temporaries (cudaMalloc's alignment)
@@ -42,13 +44,14 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
             f"target {tgt.name}: host ops ({', '.join(sorted(set(host_ops)))}) have data-dependent "
             "output shapes and do not run on GPU targets yet; compile for a CPU target")
     renderer = TritonRenderer(tgt, allow_tf32=allow_tf32)
-    plans, unique, info = {}, {}, []
+    plans, unique, info, scratch = {}, {}, [], 0
     for k in kernels:
         fused = fuse_stages(k, (constants or {}).get(k.name))
         fns = [_shared(f, unique) for f in renderer.kernel(fused, (tuned or {}).get(k.name))]
         temps, temp_bytes = _temp_layout(fused, fns)
         plans[k.name] = {"launches": [_launch(f, fused, temps, tgt.warp_size or 32) for f in fns],
-                         "temp_bytes": temp_bytes}
+                         "temp_bytes": size_json(temp_bytes)}
+        scratch = smax(scratch, temp_bytes)
         info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
                      "tuned": k.name in (tuned or {}), "schedule": [_describe(f) for f in fns]})
     functions = list(unique.values())
@@ -68,8 +71,8 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
                                  "kind": kind, "bytes": len(data)})
     gpu = {"api": "cuda" if tgt.vendor == "nvidia" else "hip", "arch": tgt.arch,
            "triton": triton_version(), "aot": bool(aot and functions), "source": "gpu/kernels.py",
-           "kernels": plans, "scratch_bytes": max((p["temp_bytes"] for p in plans.values()),
-                                                  default=0)}
+           "kernels": plans, "scratch_bytes": size_json(scratch),
+           "sizes": renderer.sizes.json()}
     return members, info, {"gpu": gpu, "binaries": binaries}
 
 
@@ -138,7 +141,7 @@ def _temp_layout(k: Kernel, fns: list[TritonFunction] = ()) -> tuple[dict[str, i
     """Offsets in the scratch region of the kernel's temporaries and of its functions'
     workspaces (split-K partial sums); the region's size."""
     offsets, at = {}, 0
-    sizes = {t.name: max(t.numel, 1) * t.dtype.itemsize for t in k.temps}
+    sizes = {t.name: smax(t.numel, 1) * t.dtype.itemsize for t in k.temps}
     for f in fns:
         sizes.update(f.workspace)
     for name, nbytes in sizes.items():
@@ -156,11 +159,12 @@ def _launch(f: TritonFunction, k: Kernel, temps: dict[str, int], warp: int) -> d
             return {"in": ins[buf]}
         if buf in outs:
             return {"out": outs[buf]}
-        return {"temp": temps[buf]}
+        return {"temp": size_json(temps[buf])}
 
-    return {"fn": f.name, "template": f.template, "grid": list(f.grid),
+    return {"fn": f.name, "template": f.template, "grid": [size_json(g) for g in f.grid],
             "block": [warp * f.num_warps, 1, 1], "num_warps": f.num_warps, "shared": 0,
-            "params": len(f.args) + 2, "args": [where(a) for a in f.args],
+            "params": len(f.args) + len(f.sizes) + 2,
+            "args": [where(a) for a in f.args] + [{"size": p} for p in f.sizes],
             "types": [f.signature[p] for p in f.signature if f.signature[p] != "constexpr"],
             "constexprs": f.constexprs, "global_scratch": 0, "global_scratch_align": 1}
 
@@ -178,7 +182,8 @@ def _attach(plans: dict, compiled: dict[str, Binary]) -> None:
 
 
 def _describe(f: TritonFunction) -> dict:
-    out = {"stage": f.stage, "fn": f.name, "template": f.template, "grid": list(f.grid),
+    out = {"stage": f.stage, "fn": f.name, "template": f.template,
+           "grid": [g if isinstance(g, int) else str(g) for g in f.grid],
            "num_warps": f.num_warps, "num_stages": f.num_stages, **f.constexprs}
-    out.update({k: v for k, v in f.meta.items()})
+    out.update({k: str(v) if isinstance(v, Sym) else v for k, v in f.meta.items()})
     return out

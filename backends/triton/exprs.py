@@ -17,6 +17,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from ...graph_ir.sym import Sym
 from ...graph_ir.types import DType
 from ...tensor_ir.expr import (
     INDEX,
@@ -100,8 +101,16 @@ def tl_type(dtype: DType) -> str:
         raise NotImplementedError(f"Triton renderer: dtype {dtype.name} is not supported") from None
 
 
+def S(x) -> str:
+    """A size in generated code: an int, or a symbolic size (a ``Sym`` over the function's
+    ``sz_*`` parameters, see ``sizes.py``) in parentheses."""
+    return f"({x})" if isinstance(x, Sym) else str(int(x))
+
+
 def literal(value, dtype: DType) -> str:
     """A typed scalar (never a bare Python literal: Triton types those weakly)."""
+    if isinstance(value, Sym):
+        return f"tl.full([], {S(value)}, {tl_type(compute_dtype(dtype))})"
     if dtype is DType.bool:
         return f"tl.full([], {int(bool(value))}, tl.int1)"
     if dtype.is_float:
@@ -195,7 +204,7 @@ class Emitter:
         for dim, ix in reversed(list(zip(ref.shape, index))):
             if dim != 1:
                 s = self.expr(ix, guard)
-                terms.append(s if stride == 1 else f"{s} * {stride}")
+                terms.append(s if stride == 1 else f"{s} * {S(stride)}")
             stride *= dim
         return " + ".join(reversed(terms)) or "0"
 
@@ -212,8 +221,8 @@ class Emitter:
             if e == 1:
                 self.env[v] = "0"
                 continue
-            q = flat if s == 1 else f"({flat} // {s})"
-            self.env[v] = self.let(q if k == 0 else f"{q} % {e}", "i")
+            q = flat if s == 1 else f"({flat} // {S(s)})"
+            self.env[v] = self.let(q if k == 0 else f"{q} % {S(e)}", "i")
             if block:
                 self.block_vars.add(v)
 
@@ -226,7 +235,7 @@ class Emitter:
                 raise NotImplementedError(f"Triton renderer: unbound variable {e.name}") from None
         if isinstance(e, Const):
             if e.dtype is INDEX:
-                return str(int(e.value))
+                return S(e.value)
             if self.keep_half and e.dtype in (DType.float16, DType.bfloat16):
                 return f"tl.full([], {float(e.value)!r}, {tl_type(e.dtype)})"
             return literal(e.value, e.dtype)

@@ -143,7 +143,8 @@ class InterpretDevice:
         return getattr(self.module, launch["fn"])
 
     def prepare(self, fn, launch: dict, args: list[int]):
-        tensors = [self._tensor(ptr, t) for ptr, t in zip(args, launch["types"])]
+        tensors = [self._tensor(ptr, t) if t.startswith("*") else ptr  # sizes: ints
+                   for ptr, t in zip(args, launch["types"])]
         return fn, tuple(launch["grid"]), tensors, dict(launch["constexprs"])
 
     def launch(self, prepared) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...graph_ir.sym import Sym, hint
 from ...graph_ir.types import DType
 from ...tensor_ir.expr import (
     B,
@@ -44,8 +45,9 @@ from .config import (
     reduction_config,
     split_chunk,
 )
-from .exprs import PRELUDE, PTR_TYPE, BufRef, Emitter, compute_dtype, tl_type
+from .exprs import PRELUDE, PTR_TYPE, BufRef, Emitter, S, compute_dtype, tl_type
 from .rows import render_rows, rows_plan
+from .sizes import SizeParams, cdiv, used_params
 
 BIG = 2 ** 31
 WS_PARAM = "p_splitk__ws"  # the split-K workspace's parameter (the same in every function)
@@ -59,13 +61,14 @@ class TritonFunction:
     args: list[str]  # kernel buffer (storage) names, in parameter order
     signature: dict[str, str]  # parameter -> triton type ("*fp32", or "constexpr")
     constexprs: dict[str, int]
-    grid: tuple[int, int, int]
+    grid: tuple  # ints, or sizes over the ``sz_*`` parameters (sizes.py)
     num_warps: int
     num_stages: int
     template: str
     stage: int
     meta: dict = field(default_factory=dict)
     workspace: dict[str, int] = field(default_factory=dict)  # scratch buffer -> bytes (split-K)
+    sizes: list[str] = field(default_factory=list)  # size parameters (sz_*), after the buffers
 
 
 def _ident(name: str) -> str:
@@ -96,11 +99,13 @@ class TritonRenderer:
     def __init__(self, target=None, allow_tf32: bool = False) -> None:
         self.target = target
         self.allow_tf32 = allow_tf32
+        self.sizes = SizeParams()  # symbolic sizes -> the functions' sz_* parameters
 
     def kernel(self, k: Kernel, tuned: dict[int, dict] | None = None) -> list[TritonFunction]:
         """``tuned``: stage index -> a tuning record's launch parameters for that stage."""
+        k = self.sizes.rename(k)
         refs, owner = kernel_buffers(k)
-        wide = any(_numel(b.shape) >= BIG for b in (*k.inputs, *k.outputs, *k.temps))
+        wide = any(hint(_numel(b.shape)) >= BIG for b in (*k.inputs, *k.outputs, *k.temps))
         plan = rows_plan(k)
         if plan is not None:  # every stage on the same short rows: one function (rows.py)
             fn = render_rows(StageRenderer(self, f"{k.name}_rows", refs, wide), k, plan)
@@ -143,9 +148,9 @@ class StageRenderer:
             return self.serial(st)
         contraction = contraction_of(st)
         if contraction is not None:
-            cfg = gemm_config(contraction.m, contraction.n, contraction.k, self.parent.target,
-                              contraction.half, tf32=self.parent.allow_tf32,
-                              batch=_numel([st.extents[k] for k in contraction.outer]),
+            cfg = gemm_config(hint(contraction.m), hint(contraction.n), hint(contraction.k),
+                              self.parent.target, contraction.half, tf32=self.parent.allow_tf32,
+                              batch=hint(_numel([st.extents[k] for k in contraction.outer])),
                               tuned=self.tuned)
             if cfg is not None:
                 return self.gemm(st, contraction, cfg)
@@ -157,13 +162,16 @@ class StageRenderer:
     def _function(self, template: str, constexprs: dict[str, int], grid, cfg: LaunchConfig,
                   meta: dict | None = None) -> TritonFunction:
         params = list(self.em.used)
+        body = "\n".join(self.em.lines)
+        sizes = used_params(body, self.parent.sizes.params)
         sig = {p: PTR_TYPE[self._dtype_of(p)] for p in params}
+        sig.update({p: "i32" for p in sizes})
         sig.update({c: "constexpr" for c in constexprs})
-        header = ", ".join(params + [f"{c}: tl.constexpr" for c in constexprs])
-        src = f"@triton.jit\ndef {self.name}({header}):\n" + "\n".join(self.em.lines) + "\n"
+        header = ", ".join(params + sizes + [f"{c}: tl.constexpr" for c in constexprs])
+        src = f"@triton.jit\ndef {self.name}({header}):\n" + body + "\n"
         return TritonFunction(self.name, src, params, sig, dict(constexprs),
                               tuple(grid) + (1,) * (3 - len(grid)), cfg.num_warps,
-                              cfg.num_stages, template, -1, meta or {})
+                              cfg.num_stages, template, -1, meta or {}, sizes=sizes)
 
     def _dtype_of(self, param: str) -> DType:
         for ref in self.refs.values():
@@ -190,33 +198,33 @@ class StageRenderer:
     # ---- pointwise -----------------------------------------------------------------------------
     def pointwise(self, st: Stage) -> TritonFunction:
         n = _numel(st.extents)
-        cfg = pointwise_config(n)
+        cfg = pointwise_config(hint(n))
         em = self.em
         em.param(st.out)
         em.emit(f"xidx = {self._flat_index(n, 'XBLOCK')}")
-        em.emit(f"xmask = xidx < {n}")
+        em.emit(f"xmask = xidx < {S(n)}")
         em.decompose("xidx", st.vars, st.extents)
         value = em.expr(st.body, "xmask")
         self._store(st, value, "xmask", "xidx")
-        grid = (-(-n // cfg.block),)
+        grid = (cdiv(n, cfg.block),)
         return self._function("pointwise", {"XBLOCK": cfg.block}, grid, cfg)
 
     # ---- reductions ----------------------------------------------------------------------------
     def reduction(self, st: Stage) -> TritonFunction:
         n = _numel(st.extents)
-        rn = max(_reduce_extent(r) for r in walk(st.body) if isinstance(r, Reduce))
-        cfg = reduction_config(n, rn, self.parent.target, self.tuned)
+        rn = max((_reduce_extent(r) for r in walk(st.body) if isinstance(r, Reduce)), key=hint)
+        cfg = reduction_config(hint(n), hint(rn), self.parent.target, self.tuned)
         em = self.em
         em.param(st.out)
         em.emit(f"xidx = {self._flat_index(n, 'XBLOCK', '[:, None]')}")
-        em.emit(f"xmask = xidx < {n}")
+        em.emit(f"xmask = xidx < {S(n)}")
         em.decompose("xidx", st.vars, st.extents)
         self.xshape = "[XBLOCK, 1]"
         self.blocked = True
         em.reduce_fn = self._reduce
         value = em.expr(st.body, "xmask")
         self._store(st, value, "xmask", "xidx")
-        grid = (-(-n // cfg.xblock),)
+        grid = (cdiv(n, cfg.xblock),)
         return self._function("reduction", {"XBLOCK": cfg.xblock, "RBLOCK": cfg.rblock}, grid,
                               cfg)
 
@@ -238,20 +246,21 @@ class StageRenderer:
         shape = "[XBLOCK, RBLOCK]"
         if arg:
             em.emit(f"{acc} = tl.full({shape}, 0, {tl_type(acc_t)})")
-            em.emit(f"{acc}_i = tl.full({shape}, {rn}, tl.int32)")
+            em.emit(f"{acc}_i = tl.full({shape}, {S(rn)}, tl.int32)")
         else:
             em.emit(f"{acc} = tl.full({shape}, {_init(red.op, acc_t)}, {tl_type(acc_t)})")
-        em.open(f"for {acc}_r0 in range(0, {rn}, RBLOCK):")
+        em.open(f"for {acc}_r0 in range(0, {S(rn)}, RBLOCK):")
         cast = ".to(tl.int64)" if self.wide else ""
         ridx = em.let(f"({acc}_r0 + tl.arange(0, RBLOCK)[None, :]){cast}", "r")
-        rg = em.let(f"({ridx} < {rn})" if guard is None else f"{guard} & ({ridx} < {rn})", "g")
+        rg = em.let(f"({ridx} < {S(rn)})" if guard is None else f"{guard} & ({ridx} < {S(rn)})",
+                    "g")
         em.decompose(ridx, [v for v, _ in red.vars], [e for _, e in red.vars])
         for r, name in hoisted.items():
             em.memo((r, rg), name)
         v = _as_acc(em.expr(red.body, rg), red)
         if arg:
             cmp = ">" if red.op is R.ARGMAX else "<"
-            take = em.let(f"{rg} & (({acc}_i == {rn}) | ({v} {cmp} {acc}))", "g")
+            take = em.let(f"{rg} & (({acc}_i == {S(rn)}) | ({v} {cmp} {acc}))", "g")
             em.emit(f"{acc} = tl.where({take}, {v}, {acc})")
             em.emit(f"{acc}_i = tl.where({take}, {ridx}, {acc}_i)")
         else:
@@ -265,13 +274,13 @@ class StageRenderer:
 
     def _arg_final(self, red: Reduce, acc: str, acc_t: DType, rn: int) -> str:
         em = self.em
-        valid = em.let(f"{acc}_i < {rn}", "g")
+        valid = em.let(f"{acc}_i < {S(rn)}", "g")
         worst = _init(R.MAX if red.op is R.ARGMAX else R.MIN, acc_t)
         best = em.let(_final(R.MAX if red.op is R.ARGMAX else R.MIN, acc_t,
                              f"tl.where({valid}, {acc}, {worst})"), "red")
-        first = em.let(f"tl.min(tl.where({valid} & ({acc} == {best}), {acc}_i, {rn}), 1, "
+        first = em.let(f"tl.min(tl.where({valid} & ({acc} == {best}), {acc}_i, {S(rn)}), 1, "
                        f"keep_dims=True)", "red")
-        return em.let(f"tl.where({first} == {rn}, 0, {first}).to(tl.int64)", "red")
+        return em.let(f"tl.where({first} == {S(rn)}, 0, {first}).to(tl.int64)", "red")
 
     def _reduce_serial(self, red: Reduce, guard: str | None) -> str:
         em = self.em
@@ -282,13 +291,13 @@ class StageRenderer:
         init = "0" if arg else _init(red.op, acc_t)
         em.emit(f"{acc} = tl.full({self.xshape}, {init}, {tl_type(acc_t)})")
         if arg:
-            em.emit(f"{acc}_i = tl.full({self.xshape}, {rn}, tl.int32)")
-        em.open(f"for {acc}_r in range(0, {rn}):")
+            em.emit(f"{acc}_i = tl.full({self.xshape}, {S(rn)}, tl.int32)")
+        em.open(f"for {acc}_r in range(0, {S(rn)}):")
         em.decompose(f"{acc}_r", [v for v, _ in red.vars], [e for _, e in red.vars], block=False)
         v = _as_acc(em.expr(red.body, guard), red)
         if arg:
             cmp = ">" if red.op is R.ARGMAX else "<"
-            better = f"(({acc}_i == {rn}) | ({v} {cmp} {acc}))"
+            better = f"(({acc}_i == {S(rn)}) | ({v} {cmp} {acc}))"
             take = em.let(better if guard is None else f"{guard} & {better}", "g")
             em.emit(f"{acc} = tl.where({take}, {v}, {acc})")
             em.emit(f"{acc}_i = tl.where({take}, {acc}_r, {acc}_i)")
@@ -297,7 +306,7 @@ class StageRenderer:
             em.emit(f"{acc} = {_combine(red.op, acc_t, acc, masked)}")
         em.close()
         if arg:
-            return em.let(f"tl.where({acc}_i == {rn}, 0, {acc}_i).to(tl.int64)", "red")
+            return em.let(f"tl.where({acc}_i == {S(rn)}, 0, {acc}_i).to(tl.int64)", "red")
         return self._cast_result(acc, acc_t, red.dtype)
 
     def _cast_result(self, name: str, acc_t: DType, dtype: DType) -> str:
@@ -312,7 +321,7 @@ class StageRenderer:
         em.param(st.out)
         self.xshape, self.blocked = "[]", False
         em.reduce_fn = self._reduce
-        em.open(f"for s in range(0, {n}):")
+        em.open(f"for s in range(0, {S(n)}):")
         em.decompose("s", st.vars, st.extents, block=False)
         value = em.expr(st.body, None)
         index = st.store_index if st.store_index is not None else st.vars
@@ -333,23 +342,23 @@ class StageRenderer:
     def gemm(self, st: Stage, c: Contraction, cfg: GemmConfig) -> TritonFunction:
         em = self.em
         em.param(st.out)
-        pm, pn = -(-c.m // cfg.bm), -(-c.n // cfg.bn)
+        pm, pn = cdiv(c.m, cfg.bm), cdiv(c.n, cfg.bn)
         tiles = pm * pn
         outer = _numel([st.extents[k] for k in c.outer])
         split = self._split(st, c, cfg)
         chunk = split_chunk(c.k, split, cfg.bk)  # K per program, a multiple of BK
         em.emit("pid = tl.program_id(0)" + (".to(tl.int64)" if self.wide else ""))
         if split > 1:  # the K slice is the slowest index: a wave holds whole slices
-            em.emit(f"ks = pid // {tiles * outer}")
-            em.emit(f"pid = pid % {tiles * outer}")
-        em.emit(f"po = pid // {tiles}")
-        em.emit(f"t = pid % {tiles}")
+            em.emit(f"ks = pid // {S(tiles * outer)}")
+            em.emit(f"pid = pid % {S(tiles * outer)}")
+        em.emit(f"po = pid // {S(tiles)}")
+        em.emit(f"t = pid % {S(tiles)}")
         # grouped order: GROUP_M row tiles share each column tile while it is in L2
         width = cfg.group_m * pn
-        em.emit(f"first_m = (t // {width}) * {cfg.group_m}")
-        em.emit(f"gsize = tl.minimum({pm} - first_m, {cfg.group_m})")
-        em.emit(f"pm = first_m + (t % {width}) % gsize")
-        em.emit(f"pn = (t % {width}) // gsize")
+        em.emit(f"first_m = (t // {S(width)}) * {cfg.group_m}")
+        em.emit(f"gsize = tl.minimum({S(pm)} - first_m, {cfg.group_m})")
+        em.emit(f"pm = first_m + (t % {S(width)}) % gsize")
+        em.emit(f"pn = (t % {S(width)}) // gsize")
         em.decompose("po", [st.vars[k] for k in c.outer], [st.extents[k] for k in c.outer],
                      block=False)
         em.emit("mi = pm * BM + tl.arange(0, BM)[:, None]")
@@ -361,21 +370,21 @@ class StageRenderer:
         if split > 1:
             em.open(f"for k0 in range(ks * {chunk}, ks * {chunk} + {chunk}, BK):")
         else:
-            em.open(f"for k0 in range(0, {c.k}, BK):")
+            em.open(f"for k0 in range(0, {S(c.k)}, BK):")
         cast = ".to(tl.int64)" if self.wide else ""
         # masks only where a tile can run past the problem (unmasked loads pipeline better)
         k_in = None if (chunk * split == c.k if split > 1 else c.k % cfg.bk == 0) else c.k
         a = self._operand(c.a, "ka", f"(k0 + tl.arange(0, BK)[None, :]){cast}",
-                          None if c.m % cfg.bm == 0 else f"(mi < {c.m})", k_in,
+                          None if c.m % cfg.bm == 0 else f"(mi < {S(c.m)})", k_in,
                           rvars, rext, c, "[BM, BK]")
         b = self._operand(c.b, "kb", f"(k0 + tl.arange(0, BK)[:, None]){cast}",
-                          None if c.n % cfg.bn == 0 else f"(nj < {c.n})", k_in,
+                          None if c.n % cfg.bn == 0 else f"(nj < {S(c.n)})", k_in,
                           rvars, rext, c, "[BK, BN]")
         mode = "tf32" if self.parent.allow_tf32 else "ieee"
         precision = "" if c.half else f", input_precision='{mode}'"
         em.emit(f"acc = tl.dot({a}, {b}, acc{precision})")
         em.close()
-        em.emit(f"omask = (mi < {c.m}) & (nj < {c.n})")
+        em.emit(f"omask = (mi < {S(c.m)}) & (nj < {S(c.n)})")
         epi = transform(st.body, lambda e: Var("acc", c.red.dtype) if e == c.red else None)
         consts = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk}
         meta = {"m": c.m, "n": c.n, "k": c.k, "half": c.half, "batch": outer}
@@ -390,7 +399,9 @@ class StageRenderer:
         """The configuration's split of K, 1 when it cannot apply (K shorter than two slices,
         partial sums beyond 32-bit offsets)."""
         split = max(1, int(getattr(cfg, "split_k", 1) or 1))
-        if split == 1 or self.wide or c.k < 2 * cfg.bk or \
+        if split == 1 or self.wide or any(isinstance(x, Sym) for x in (*st.extents, c.k)):
+            return 1  # (sizes known at run time: no split)
+        if c.k < 2 * cfg.bk or \
                 split * _numel(st.extents) >= BIG:
             return 1
         while split > 1 and split_chunk(c.k, split, cfg.bk) * (split - 1) >= c.k:
@@ -448,7 +459,7 @@ class StageRenderer:
         em = self.em
         em.push()
         kk = em.let(kexpr, kname)
-        tests = [t for t in (inside, None if k_in is None else f"({kk} < {k_in})") if t]
+        tests = [t for t in (inside, None if k_in is None else f"({kk} < {S(k_in)})") if t]
         guard = em.let(" & ".join(tests), "g") if tests else None
         em.decompose(kk, rvars, rext)
         if c.half:

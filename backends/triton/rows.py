@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...graph_ir.sym import Sym, hint
 from ...graph_ir.types import DType
 from ...tensor_ir.attention import AttentionStage
 from ...tensor_ir.expr import Load, R, Reduce, Var, substitute, walk
 from ...tensor_ir.kernel import Kernel, Stage
 from .config import LaunchConfig, _sms, _warps, pow2
-from .exprs import point_key
+from .exprs import S, point_key
+from .sizes import cdiv
 
 MAX_ROW = 4096  # longest row kept in registers (a program holds XBLOCK x pow2(C) values)
 ROW_ELEMENTS = 4096  # values per program (XBLOCK x RBLOCK) when there are rows to spare
@@ -58,6 +60,8 @@ def rows_plan(k: Kernel) -> RowsPlan | None:
     if len(reds[0].vars) != 1:
         return None
     cols = reds[0].vars[0][1]
+    if isinstance(cols, Sym):
+        return None  # rows of a run-time length: the stages render one by one
     mapped = next((s for s in k.stages if not _reductions(s)), None)
     rows = tuple(first.extents) if mapped is None else tuple(mapped.extents[:-1])
     if not 1 < cols <= MAX_ROW or 0 in rows:
@@ -119,7 +123,7 @@ def rows_config(plan: RowsPlan, target=None) -> LaunchConfig:
     multiprocessor still gets a program (BERT at batch 1, 128 rows of 768: one row each)."""
     rblock = pow2(plan.cols)
     xblock = max(1, ROW_ELEMENTS // rblock)
-    while xblock > 1 and -(-plan.n // xblock) < _sms(target):
+    while xblock > 1 and -(-hint(plan.n) // xblock) < _sms(target):
         xblock //= 2
     return LaunchConfig(num_warps=_warps(xblock * rblock), num_stages=1, block=xblock)
 
@@ -134,7 +138,7 @@ def render_rows(sr, k: Kernel, plan: RowsPlan):
     outputs = {b.name for b in k.outputs}
     pid = "tl.program_id(0).to(tl.int64)" if sr.wide else "tl.program_id(0)"
     em.emit(f"xidx = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-    em.emit(f"xmask = xidx < {plan.n}")
+    em.emit(f"xmask = xidx < {S(plan.n)}")
     em.emit("cidx = tl.arange(0, RBLOCK)[None, :]")
     em.emit(f"cmask = xmask & (cidx < {plan.cols})")
     em.decompose("xidx", _row_vars(len(plan.rows)), plan.rows)
@@ -159,7 +163,7 @@ def render_rows(sr, k: Kernel, plan: RowsPlan):
             em.emit(f"tl.store({out.param} + ({off}), {em.store_value(value, out.dtype)}, "
                     f"mask={mask})")
         em.resident[point_key(st.out, st.vars, shapes[st.out])] = _as_stored(em, value, out.dtype)
-    grid = (-(-plan.n // cfg.block),)
+    grid = (cdiv(plan.n, cfg.block),)
     return sr._function("rows", {"XBLOCK": cfg.block, "RBLOCK": pow2(plan.cols)}, grid, cfg)
 
 

@@ -29,8 +29,8 @@ import numpy as np
 from ...errors import CompileError, DeployError
 from ...graph_ir.types import DType
 from ...tensor_ir.expr import Reduce, walk
-from ...tensor_ir.kernel import Kernel
-from ...tensor_ir.tuning_db import TuningDB, TuningRecord
+from ...tensor_ir.kernel import Kernel, size_bucket, size_env, specialize
+from ...tensor_ir.tuning_db import TuningDB, TuningRecord, with_bucket
 from .config import LaunchConfig, describe, gemm_space, reduction_space
 from .fuse import fuse_stages
 from .render import TritonFunction, TritonRenderer, _numel, _reduce_extent
@@ -130,15 +130,18 @@ def tune_gpu_kernels(kernels: list[Kernel], tgt, level: str, db: TuningDB, budge
     renderer = TritonRenderer(tgt, allow_tf32=allow_tf32)
     report = GpuTuneReport()
     deadline = time.time() + budget_s
-    todo, seen = [], set()
+    todo, seen, keys = [], set(), []
     for k in kernels:
-        h = k.structural_hash()
-        if h in seen or db.lookup(h, features) is not None:
+        h, bucket = k.structural_hash(), size_bucket(k)
+        if h in seen or db.lookup(h, with_bucket(features, bucket)) is not None:
             continue
         seen.add(h)
-        cands = candidates(k, renderer, level, f"t{len(todo)}")
+        # a symbolic kernel is measured at its size bucket (the symbols' hints)
+        sized = specialize(k, size_env(k)) if bucket else k
+        cands = candidates(sized, renderer, level, f"t{len(todo)}")
         if cands:
             todo.append(cands)
+            keys.append((h, with_bucket(features, bucket)))
     if not todo:
         log("tune: no kernel left to tune (every GEMM/reduction has a record)")
         return report
@@ -160,6 +163,8 @@ def tune_gpu_kernels(kernels: list[Kernel], tgt, level: str, db: TuningDB, budge
             rec = _record(cands, times[at:at + len(cands)], features, report)
             at += len(cands)
             if rec is not None:
+                h, feats = keys[n - 1]
+                rec = dataclasses.replace(rec, kernel_hash=h, features=feats)
                 db.add(rec)
                 log(_describe_record(cands, rec, n, len(todo)))
     return report

@@ -1,41 +1,64 @@
 """ATen converters: views, slicing, joining, indexing and padding.
 
-Sizes are concrete at this point (dynamic dims are bound), so every view becomes a core Reshape
-with a fully resolved shape and every slice a core Slice listing all axes.
+Sizes are ints or ``Sym`` (dynamic dims left symbolic): every view becomes a core Reshape with a
+fully resolved shape (``-1`` solved, symbolic where the input is) and every slice a core Slice
+listing all axes, its bounds clamped symbolically where the dim is symbolic.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from ...graph_ir import sym
 from ...graph_ir.graph import Value
+from ...graph_ir.sym import Sym
 from ...graph_ir.types import DType
-from .registry import TorchCtx, aten, norm_dim, rank
+from .registry import TorchCtx, aten, norm_dim, prod, rank
 
 A = torch.ops.aten
 
 
-def resolve_view(numel: int, shape) -> tuple[int, ...]:
-    """A torch view shape with at most one -1 made explicit."""
-    shape = [int(d) for d in shape]
-    if shape.count(-1) > 1:
+def _is_minus_one(d) -> bool:
+    return isinstance(d, int) and d == -1
+
+
+def resolve_view(numel, shape) -> tuple:
+    """A torch view shape with at most one -1 made explicit (sizes are ints or ``Sym``)."""
+    shape = [d if isinstance(d, Sym) else int(d) for d in shape]
+    holes = [k for k, d in enumerate(shape) if _is_minus_one(d)]
+    if len(holes) > 1:
         raise ValueError(f"view shape {shape} has more than one -1")
-    if -1 in shape:
-        known = int(np.prod([d for d in shape if d != -1]))
-        shape[shape.index(-1)] = numel // known if known else 0
-    if int(np.prod(shape)) != numel:
+    if holes:
+        known = prod(d for d in shape if not _is_minus_one(d))
+        shape[holes[0]] = sym.floordiv(numel, known) if not (isinstance(known, int)
+                                                              and known == 0) else 0
+    total = prod(shape)
+    if not (isinstance(total, Sym) or isinstance(numel, Sym)) and total != numel:
         raise ValueError(f"cannot view {numel} elements as {shape}")
     return tuple(shape)
 
 
-def numel(v: Value) -> int:
-    return int(np.prod(v.shape, dtype=np.int64))
+def numel(v: Value):
+    return prod(v.shape)
 
 
 @aten(A.view.default, A._unsafe_view.default, A.reshape.default, A.view_copy.default,
       needs=("Reshape",))
 def convert_view(cx, node, x, shape):
-    return cx.reshape(x, resolve_view(numel(x), [cx.concrete(d) for d in shape]))
+    shape = resolve_view(numel(x), [cx.size(d) for d in shape])
+    if any(isinstance(d, Sym) for d in shape):  # torch's own sizes, in its normal form
+        shape = _prefer_meta(cx, shape)
+    return cx.reshape(x, shape)
+
+
+def _prefer_meta(cx, shape) -> tuple:
+    """The shape torch recorded for the node where it names the same sizes (a -1 solved by
+    division, ``(b*s*32) // (4*s)``, reads as torch's ``8*b``)."""
+    try:
+        want = cx.out_shape()
+    except (KeyError, AttributeError, TypeError, sym.SymbolicError):
+        return shape
+    return want if len(want) == len(shape) else shape
 
 
 @aten(A.unsqueeze, needs=("Reshape",))
@@ -61,7 +84,7 @@ def convert_flatten(cx, node, x, start=0, end=-1):
     r = max(rank(x), 1)
     s, e = norm_dim(start, r), norm_dim(end, r)
     shape = list(x.shape) or [1]
-    return cx.reshape(x, shape[:s] + [int(np.prod(shape[s:e + 1]))] + shape[e + 1:])
+    return cx.reshape(x, shape[:s] + [prod(shape[s:e + 1])] + shape[e + 1:])
 
 
 @aten(A.permute, needs=("Transpose",))
@@ -86,17 +109,18 @@ def convert_t(cx, node, x):
 
 @aten(A.expand, A.expand_copy, needs=("Expand",))
 def convert_expand(cx, node, x, sizes, implicit=False):
-    sizes = [cx.concrete(s) for s in sizes]
+    sizes = [cx.size(s) for s in sizes]
     lead = len(sizes) - rank(x)
-    shape = tuple(x.shape[k - lead] if s == -1 else s for k, s in enumerate(sizes))
+    shape = tuple(x.shape[k - lead] if _is_minus_one(s) else s for k, s in enumerate(sizes))
     return x if shape == tuple(x.shape) else cx.op("Expand", x, shape=shape)
 
 
 # ---- slicing -----------------------------------------------------------------------------
 
-def slice_axis(cx: TorchCtx, x: Value, dim: int, start: int, step: int, size: int) -> Value:
-    """x restricted to ``start + step * i`` (i < size) along ``dim``."""
-    if start == 0 and step == 1 and size == x.shape[dim]:
+def slice_axis(cx: TorchCtx, x: Value, dim: int, start, step: int, size) -> Value:
+    """x restricted to ``start + step * i`` (i < size) along ``dim`` (start and size may be
+    ``Sym``)."""
+    if _same(start, 0) and step == 1 and _same(size, x.shape[dim]):
         return x
     starts = [0] * rank(x)
     steps = [1] * rank(x)
@@ -105,20 +129,42 @@ def slice_axis(cx: TorchCtx, x: Value, dim: int, start: int, step: int, size: in
     return cx.op("Slice", x, starts=tuple(starts), steps=tuple(steps), sizes=tuple(sizes))
 
 
+def _same(a, b) -> bool:
+    return a == b and type(a) is type(b)
+
+
+def slice_bounds(n, start, end, step: int):
+    """(start, size) of ``x[start:end:step]`` along a dim of size ``n`` (ints or ``Sym``; a
+    positive step, as torch requires)."""
+    if not any(isinstance(v, Sym) for v in (n, start, end)):
+        lo, hi, step = slice(start, end, step).indices(n)
+        return lo, len(range(lo, hi, step))
+
+    def clamp(v, default):
+        if v is None:
+            return default
+        if isinstance(v, int) and v < 0:
+            v = n + v
+        return sym.smin(sym.smax(v, 0), n)
+
+    lo, hi = clamp(start, 0), clamp(end, n)
+    return lo, sym.floordiv(sym.smax(hi - lo, 0) + step - 1, step)
+
+
 @aten(A.slice.Tensor, A.slice_copy.Tensor, needs=("Slice",))
 def convert_slice(cx, node, x, dim=0, start=None, end=None, step=1):
     dim = norm_dim(dim, rank(x))
-    n = x.shape[dim]
-    lo, hi, step = slice(None if start is None else cx.concrete(start),
-                         None if end is None else cx.concrete(end), step).indices(n)
-    return slice_axis(cx, x, dim, lo, step, len(range(lo, hi, step)))
+    start = None if start is None else cx.size(start)
+    end = None if end is None else cx.size(end)
+    lo, size = slice_bounds(x.shape[dim], start, end, int(step))
+    return slice_axis(cx, x, dim, lo, int(step), size)
 
 
 @aten(A.select.int, A.select_copy.int, needs=("Slice", "Reshape"))
 def convert_select(cx, node, x, dim, index):
     dim = norm_dim(dim, rank(x))
-    index = cx.concrete(index)
-    index = index + x.shape[dim] if index < 0 else index
+    index = cx.size(index)
+    index = index + x.shape[dim] if isinstance(index, int) and index < 0 else index
     y = slice_axis(cx, x, dim, index, 1, 1)
     return cx.reshape(y, x.shape[:dim] + x.shape[dim + 1:])
 
@@ -128,15 +174,20 @@ def convert_split_with_sizes(cx, node, x, sizes, dim=0):
     dim = norm_dim(dim, rank(x))
     outs, start = [], 0
     for s in sizes:
-        outs.append(slice_axis(cx, x, dim, start, 1, int(s)))
-        start += int(s)
+        s = cx.size(s)
+        outs.append(slice_axis(cx, x, dim, start, 1, s))
+        start = start + s
     return outs
 
 
 @aten(A.split.Tensor, A.split_copy.Tensor, needs=("Slice",))
 def convert_split(cx, node, x, size, dim=0):
-    n = x.shape[norm_dim(dim, rank(x))]
-    sizes = [min(size, n - s) for s in range(0, n, size)] or [0]
+    d = norm_dim(dim, rank(x))
+    n = x.shape[d]
+    if isinstance(n, Sym) or isinstance(size, Sym):  # the pieces torch recorded
+        sizes = [cx.size(v.shape[d]) for v in node.meta["val"]]
+    else:
+        sizes = [min(size, n - s) for s in range(0, n, size)] or [0]
     return convert_split_with_sizes(cx, node, x, sizes, dim)
 
 
@@ -149,9 +200,9 @@ def convert_unbind(cx, node, x, dim=0):
 @aten(A.narrow.default, needs=("Slice",))
 def convert_narrow(cx, node, x, dim, start, length):
     dim = norm_dim(dim, rank(x))
-    start = cx.concrete(start)
-    return slice_axis(cx, x, dim, start % x.shape[dim] if start < 0 else start, 1,
-                      cx.concrete(length))
+    start = cx.size(start)
+    neg = isinstance(start, int) and start < 0
+    return slice_axis(cx, x, dim, start + x.shape[dim] if neg else start, 1, cx.size(length))
 
 
 @aten(A.flip, needs=("Slice",))
@@ -181,7 +232,7 @@ def convert_stack(cx, node, tensors, dim=0):
 
 @aten(A.repeat, needs=("Tile", "Reshape"))
 def convert_repeat(cx, node, x, repeats):
-    repeats = [int(r) for r in repeats]
+    repeats = [cx.size(r) for r in repeats]
     x = cx.reshape(x, [1] * (len(repeats) - rank(x)) + list(x.shape))
     return cx.op("Tile", x, repeats=tuple(repeats))
 
@@ -257,18 +308,18 @@ def convert_index(cx, node, x, indices):
     lin = None
     for j, (i, n) in enumerate(zip(idx, dims)):
         i = _wrap(cx, i, n)
-        stride = int(np.prod(dims[j + 1:], dtype=np.int64))
-        term = i if stride == 1 else cx.op("Mul", i, cx.scalar(stride, DType.int64))
+        stride = prod(dims[j + 1:])
+        term = i if _same(stride, 1) else cx.op("Mul", i, cx.scalar(stride, DType.int64))
         lin = term if lin is None else cx.op("Add", lin, term)
-    merged = cx.reshape(x, x.shape[:d] + (int(np.prod(dims, dtype=np.int64)),) + x.shape[d + k:])
+    merged = cx.reshape(x, x.shape[:d] + (prod(dims),) + x.shape[d + k:])
     return cx.op("Gather", merged, lin, axis=d)
 
 
 def _wrap(cx, i, n):
     # negative indices count from the end; Gather wraps only the merged index, so wrap here
     arr = cx.b.value_of(i)
-    if arr is not None:
-        return cx.b.const(np.where(arr < 0, arr + n, arr), "index")
+    if arr is not None and (isinstance(n, int) or arr.dtype != object and (arr >= 0).all()):
+        return cx.b.const(np.where(arr < 0, arr + n, arr), "index") if isinstance(n, int) else i
     neg = cx.op("Less", i, cx.scalar(0, DType.int64))
     return cx.op("Where", neg, cx.op("Add", i, cx.scalar(n, DType.int64)), i)
 

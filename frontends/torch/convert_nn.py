@@ -11,8 +11,9 @@ import math
 import numpy as np
 import torch
 
+from ...graph_ir.sym import Sym
 from ...graph_ir.types import DType
-from .registry import aten, norm_dim, rank
+from .registry import aten, norm_dim, prod, rank
 
 A = torch.ops.aten
 
@@ -142,7 +143,7 @@ def _adaptive_check(node):
     x = node.args[0].meta["val"]
     out = list(node.args[1])
     ins = list(x.shape[-len(out):])
-    ok = all(isinstance(i, int) and (o == 1 or i % o == 0) for i, o in zip(ins, out))
+    ok = all(o == 1 or isinstance(i, int) and i % o == 0 for i, o in zip(ins, out))
     return None if ok else f"output size {out} does not divide input size {ins}"
 
 
@@ -232,7 +233,7 @@ def convert_batch_norm_inference(cx, node, x, weight, bias, mean, var, training,
 def convert_native_group_norm(cx, node, x, weight, bias, n, c, hw, group, eps):
     # normalize each of the `group` channel groups over (channels of the group x spatial)
     g = int(group)
-    y = cx.reshape(x, (x.shape[0], g, int(np.prod(x.shape[1:])) // g))
+    y = cx.reshape(x, (x.shape[0], g, prod(x.shape[1:]) // g))
     y = cx.op("Normalize", y, axes=(2,), mode="std", epsilon=float(eps))
     y = cx.reshape(y, x.shape)
     return [_channel_affine(cx, y, weight, bias), None, None]
@@ -251,8 +252,8 @@ def _sdpa_check(node):
 
 
 @aten(A.scaled_dot_product_attention.default,
-      needs=("MatMul", "Transpose", "Mul", "Add", "Softmax", "Where", "Tile", "Reshape", "Cast"),
-      check=_sdpa_check)
+      needs=("MatMul", "Transpose", "Mul", "Add", "Softmax", "Where", "Tile", "Reshape", "Cast",
+             "Full", "Trilu"), check=_sdpa_check)
 def convert_sdpa(cx, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                  enable_gqa=False):
     # softmax(q @ k^T * scale + mask) @ v
@@ -262,7 +263,11 @@ def convert_sdpa(cx, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=Fal
         k, v = _repeat_heads(cx, k, q.shape[-3]), _repeat_heads(cx, v, q.shape[-3])
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     s = cx.op("Mul", cx.op("MatMul", q, transpose_last2(cx, k)), cx.scalar(scale, dt))
-    if is_causal:
+    if is_causal and (isinstance(L, Sym) or isinstance(S, Sym)):  # tril of a (L, S) block
+        keep = cx.op("Trilu", cx.op("Full", shape=(L, S), value=True, dtype=DType.bool),
+                     upper=0, k=0)
+        s = cx.op("Where", keep, s, cx.scalar(-np.inf, dt))
+    elif is_causal:
         keep = cx.b.const(np.tril(np.ones((L, S), dtype=bool)), "causal_mask")
         s = cx.op("Where", keep, s, cx.scalar(-np.inf, dt))
     if attn_mask is not None:

@@ -5,11 +5,11 @@ since core reductions take non-empty, normalized axes.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
+from ...graph_ir.sym import Sym
 from ...graph_ir.types import DType
-from .registry import aten, norm_dim, rank
+from .registry import aten, norm_dim, prod, rank
 
 A = torch.ops.aten
 
@@ -87,7 +87,7 @@ def convert_min_all(cx, node, x):
 def _arg(name: str):
     def convert(cx, node, x, dim=None, keepdim=False):
         if dim is None:  # over the flattened tensor
-            x = cx.reshape(x, (int(np.prod(x.shape, dtype=np.int64)),))
+            x = cx.reshape(x, (prod(x.shape),))
             y = cx.op(name, x, axis=0, keepdims=0)
             return cx.reshape(y, (1,) * rank(x) if keepdim else ())
         return cx.op(name, x, axis=norm_dim(dim, rank(x)), keepdims=int(bool(keepdim)))
@@ -99,16 +99,18 @@ aten(A.argmin, needs=("ArgMin", "Reshape"))(_arg("ArgMin"))
 
 
 @aten(A.var.correction, A.var.dim, A.std.correction, A.std.dim,
-      needs=("ReduceMean", "ReduceSum", "Sub", "Mul", "Div", "Sqrt"))
+      needs=("ReduceMean", "ReduceSum", "Sub", "Mul", "Div", "Sqrt", "Cast"))
 def convert_var(cx, node, x, dim=None, unbiased=None, keepdim=False, correction=None):
     # var = sum((x - mean)^2) / (n - correction)
     axes = axes_of(x, dim)
     if correction is None:
         correction = 1 if unbiased is None or unbiased is True else 0
-    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    n = prod(x.shape[a] for a in axes)
     d = cx.op("Sub", x, reduce(cx, "ReduceMean", x, axes, True))
     ss = reduce(cx, "ReduceSum", cx.op("Mul", d, d), axes, keepdim)
-    var = cx.op("Div", ss, cx.scalar(max(n - correction, 0), x.dtype))
+    # a symbolic count: n - correction is computed at run time (>= 0 for the sizes torch allows)
+    denom = n - correction if isinstance(n, Sym) else max(n - correction, 0)
+    var = cx.op("Div", ss, cx.scalar(denom, x.dtype))
     std = node.target in (A.std.correction, A.std.dim)
     return cx.op("Sqrt", var) if std else var
 

@@ -2,8 +2,10 @@
 
 Steps: get an ExportedProgram (given, loaded from a ``.pt2`` file, or exported from an
 ``nn.Module`` with example inputs), decompose it to the core ATen set while keeping whole the
-higher-level ops worth keeping (``KEEP``), list every unsupported ATen op at once, bind dynamic
-dims to concrete sizes (reported, never silent), then convert node by node through the table.
+higher-level ops worth keeping (``KEEP``), list every unsupported ATen op at once, give every
+dynamic dim its deploy value (a ``Sym`` named after the user's ``Dim``, or a size where
+``--shape`` / ``dims=`` bind it; reported, never silent), then convert node by node through the
+table.
 """
 from __future__ import annotations
 
@@ -15,10 +17,13 @@ import torch
 from torch.fx.node import map_aggregate
 
 from ...errors import DeployError, ModelError, UnsupportedOpsError
+from ...graph_ir import sym
 from ...graph_ir.builder import Builder
 from ...graph_ir.graph import Graph, Value
+from ...graph_ir.sym import Sym, symbol_name
 from ...graph_ir.types import TensorType
 from .registry import ATEN, TorchCtx, dtype_of, missing_core_ops, op_name, to_numpy
+from .symbolic import export_range, is_symbolic, shape_env_of, user_names
 
 aten = torch.ops.aten
 
@@ -34,8 +39,9 @@ IGNORED = {aten._assert_scalar.default, aten._assert_tensor_metadata.default,
            aten.sym_constrain_range_for_size.default, aten._assert_async.msg,
            aten.sym_constrain_range.default}
 
-DYNAMIC_NOTE = ("dynamic dims are bound to these sizes at compile time: the artifact runs at "
-                "exactly these shapes (recompile for others)")
+DYNAMIC_NOTE = ("some dynamic dims are bound to these sizes at compile time (--shape / dims=): "
+                "the artifact runs those dims at exactly these sizes")
+SYMBOLIC_NOTE = ("dynamic dims stay symbolic: the artifact runs at every size in their ranges")
 
 
 class UnsupportedAtenOpsError(UnsupportedOpsError):
@@ -148,10 +154,11 @@ def _target_name(node) -> str:
 # ---- import -------------------------------------------------------------------------------
 
 def import_torch(model_or_path, shapes: dict | None = None, example_inputs=None,
-                 dynamic_shapes=None) -> tuple[Graph, dict]:
+                 dynamic_shapes=None, bind: dict | None = None) -> tuple[Graph, dict]:
     """Convert a torch.export program (or a ``.pt2`` path, or an nn.Module with
-    ``example_inputs``) to the graph IR. ``shapes`` (input name -> shape) binds dynamic dims;
-    otherwise they take the example inputs' sizes. Returns the graph and a report."""
+    ``example_inputs``) to the graph IR. Dynamic dims stay symbolic (``Sym``, named after the
+    ``torch.export.Dim``; ranges into ``sym.context().ranges``) unless ``shapes`` (input name ->
+    shape) or ``bind`` (symbol name -> size) fixes them. Returns the graph and a report."""
     ep, source = load_program(model_or_path, example_inputs, dynamic_shapes)
     ep = decompose(ep)
     rows = unsupported_ops(ep)
@@ -159,7 +166,7 @@ def import_torch(model_or_path, shapes: dict | None = None, example_inputs=None,
         raise UnsupportedAtenOpsError(rows, source)
     cx = TorchCtx(Builder(source if source.isidentifier() else "torch_program"))
     report = {"frontend": "torch.export", "opset": None, "aten_ops": op_counts(ep)}
-    env = _bind_placeholders(cx, ep, shapes or {}, example_inputs, dynamic_shapes, report)
+    env = _bind_placeholders(cx, ep, shapes or {}, bind, dynamic_shapes, report)
     for node in ep.graph_module.graph.nodes:
         if node.op == "call_function":
             env[node] = _convert_node(cx, node, env)
@@ -176,7 +183,7 @@ def _convert_node(cx: TorchCtx, node, env):
     try:
         out = ATEN[node.target].fn(cx, node, *args, **kwargs)
     except DeployError:
-        raise
+        raise  # SymbolicError included: the compiler binds the symbols it names
     except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
         raise ModelError(f"node '{node.name}' ({op_name(node.target)}): {e}") from e
     _check_meta(cx, node, out)
@@ -194,23 +201,47 @@ def _check_meta(cx: TorchCtx, node, out) -> None:
     for v, o in pairs:
         if not isinstance(v, torch.Tensor):
             continue
-        want = tuple(cx.concrete(d) for d in v.shape)
-        if tuple(o.shape) != want or o.dtype is not dtype_of(v.dtype):
+        want = tuple(cx.size(d) for d in v.shape)
+        if not _same_shape(o.shape, want) or o.dtype is not dtype_of(v.dtype):
             raise ModelError(f"node '{node.name}' ({op_name(node.target)}): converted to "
                              f"{o.type}, torch expects {dtype_of(v.dtype).name}{list(want)} "
                              "(a deploy converter bug)")
 
 
-def _bind_placeholders(cx, ep, shapes, example_inputs, dynamic_shapes, report) -> dict:
+def _same_shape(got, want) -> bool:
+    """Equal shapes; symbolic dims written differently count as equal when they agree at a
+    few sizes of their symbols."""
+    if len(got) != len(want):
+        return False
+    for a, b in zip(got, want):
+        if a == b:
+            continue
+        if not (isinstance(a, Sym) or isinstance(b, Sym)):
+            return False
+        names = sym.free_symbols(a) | sym.free_symbols(b)
+        for k in (2, 3, 7, 64):
+            env = {}
+            for s in names:
+                lo, hi = sym.context().ranges.get(s, (1, None))
+                env[s] = max(lo, min(k, hi if hi is not None else k))
+            try:
+                if sym.evaluate(a, env) != sym.evaluate(b, env):
+                    return False
+            except ZeroDivisionError:
+                return False
+    return True
+
+
+def _bind_placeholders(cx, ep, shapes, bind, dynamic_shapes, report) -> dict:
     from torch.export.graph_signature import InputKind
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")}
     placeholders = [n for n in ep.graph_module.graph.nodes if n.op == "placeholder"]
     user = [n for n in placeholders if specs[n.name].kind == InputKind.USER_INPUT]
-    _bind_symbols(cx, ep, user, shapes, example_inputs, dynamic_shapes, report)
     unknown = set(shapes) - {n.name for n in user}
     if unknown:
         raise ModelError(f"--shape given for unknown input(s) {sorted(unknown)}; the program's "
                          f"inputs are {[n.name for n in user]}")
+    _bind_symbols(cx, ep, user, shapes, bind, dynamic_shapes, report)
     env = {}
     for node in placeholders:
         spec = specs[node.name]
@@ -233,62 +264,96 @@ def _user_input(cx, node, override) -> Value:
     if not isinstance(val, torch.Tensor):
         raise ModelError(f"input '{node.name}': only tensor inputs are supported, got "
                          f"{type(val).__name__}")
-    dims = tuple(cx.concrete(d) for d in val.shape)
+    dims = tuple(cx.size(d) for d in val.shape)
     if override is not None and tuple(int(d) for d in override) != dims:
         raise ModelError(f"--shape {node.name}={'x'.join(map(str, override))}: the program's "
                          f"input has shape {list(val.shape)}; only dynamic dims may change")
     return cx.b.input(node.name, TensorType(dims, dtype_of(val.dtype)))
 
 
-def _bind_symbols(cx, ep, user, shapes, example_inputs, dynamic_shapes, report) -> None:
-    """Give every symbolic input dim a size: --shape, else the example inputs, else the hint
-    torch recorded. The bindings go into the report under ``bound_dims`` / ``dynamic_dims``."""
-    examples = _example_tensors(ep, example_inputs)
-    names = _dim_names(user, dynamic_shapes)
-    bound, dynamic = {}, {}
-    for k, node in enumerate(user):
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            continue
-        for d, size in enumerate(val.shape):
-            if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
+def _bind_symbols(cx, ep, user, shapes, bind, dynamic_shapes, report) -> None:
+    """Give every torch symbol of the input dims its deploy value in ``cx.symbols``: a size
+    where ``--shape`` (``shapes``) or ``bind`` (symbol name -> size: ``dims=``, or the compiler
+    binding a symbol it cannot keep) fixes it, else a ``Sym`` named after the user's Dim,
+    whose export range goes into ``sym.context().ranges``. The report lists them:
+    ``bound_dims`` (name -> size) and ``dynamic_dims`` (name -> where it comes from)."""
+    vals = [n.meta.get("val") for n in user]
+    where = {}  # torch symbol -> (input, dim) of its first bare appearance
+    order = []  # every torch symbol of the input dims, first seen first
+    for k, val in enumerate(vals):
+        for d, size in enumerate(getattr(val, "shape", ()) if isinstance(val, torch.Tensor)
+                                 else ()):
+            if not is_symbolic(size):
                 continue
-            sym = size.node.expr
-            value, where = _size_for(node.name, d, shapes, examples, k, sym, size)
-            if sym in cx.sym_values and cx.sym_values[sym] != value:
-                raise ModelError(f"dynamic dim {names.get((k, d), sym)}: bound to "
-                                 f"{cx.sym_values[sym]} and {value} (input '{node.name}' dim {d})")
-            _check_range(ep, sym, value, node.name, d)
-            cx.sym_values[sym] = value
-            name = names.get((k, d), str(sym))
+            expr = size.node.expr
+            if expr.is_Symbol:
+                where.setdefault(expr, (k, d))
+            order += [s for s in sorted(expr.free_symbols, key=str) if s not in order]
+    names = _symbol_names(order, where, user, vals, dynamic_shapes)
+    bind = {str(k): int(v) for k, v in (bind or {}).items()}
+    bound, dynamic, origin = {}, {}, {}
+    for s in order:
+        name = names[s]
+        value, src = None, None
+        if s in where and user[where[s][0]].name in shapes:
+            k, d = where[s]
+            value, src = int(shapes[user[k].name][d]), "--shape"
+        elif name in bind or str(s) in bind:
+            value, src = bind.get(name, bind.get(str(s))), "dims"
+        if value is not None:
+            _check_range(ep, s, value, name, *(
+                (user[where[s][0]].name, where[s][1]) if s in where else ("?", "?")))
+            cx.symbols[s] = value
             bound[name] = value
-            dynamic[name] = {"input": node.name, "dim": d, "symbol": str(sym), "bound_to": value,
-                             "from": where, "range": _range(ep, sym)}
+        else:
+            cx.symbols[s] = Sym.symbol(name)
+            _declare_range(ep, s, name)
+        k, d = where.get(s, (None, None))
+        lo, hi = export_range(ep, s)
+        dynamic[name] = {"input": None if k is None else user[k].name, "dim": d,
+                         "symbol": str(s), "bound_to": value, "from": src or "symbolic",
+                         "range": [lo, hi]}
+        origin[name] = src
+    for k, node in enumerate(user):  # a --shape must agree with the dims it does not bind
+        if node.name in shapes and isinstance(vals[k], torch.Tensor):
+            _check_override(cx, node, vals[k], shapes[node.name])
     report["bound_dims"] = bound
     if dynamic:
         report["dynamic_dims"] = dynamic
-        report["dynamic_note"] = DYNAMIC_NOTE
+        report["dynamic_note"] = DYNAMIC_NOTE if bound else SYMBOLIC_NOTE
+    symbolic = sorted({str(v) for v in cx.symbols.values() if isinstance(v, Sym)})
+    if symbolic:
+        report["symbols"] = symbolic
 
 
-def _size_for(name, d, shapes, examples, k, sym, size) -> tuple[int, str]:
-    if name in shapes:
-        return int(shapes[name][d]), "--shape"
-    if examples is not None and k < len(examples) and isinstance(examples[k], torch.Tensor):
-        return int(examples[k].shape[d]), "example inputs"
-    hint = size.node.shape_env.var_to_val.get(sym)
-    if hint is not None:
-        return int(hint), "export hint"
-    return 1, "default (no size known)"
+def _check_override(cx, node, val, override) -> None:
+    if len(override) != len(val.shape):
+        raise ModelError(f"--shape {node.name}: rank {len(override)} given, the program's input "
+                         f"has rank {len(val.shape)} ({list(val.shape)})")
+    for d, (size, want) in enumerate(zip(val.shape, override)):
+        got = cx.size(size)
+        if isinstance(got, Sym):
+            raise ModelError(f"--shape {node.name}: dim {d} is {size}, which the given sizes "
+                             "do not determine (bind its symbols with dims=)")
 
 
-def _example_tensors(ep, example_inputs):
-    if example_inputs is not None:
-        ex = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-        return list(torch.utils._pytree.tree_leaves(tuple(ex)))
-    stored = getattr(ep, "example_inputs", None)
-    if stored:
-        return list(torch.utils._pytree.tree_leaves(stored))
-    return None
+def _symbol_names(order, where, user, vals, dynamic_shapes) -> dict:
+    """torch symbol -> deploy name: the Dim's name (from ``dynamic_shapes``, else from the shape
+    environment of a program exported in this process), else torch's (``s77``); made
+    identifier-safe and unique."""
+    given = _dim_names(user, dynamic_shapes)
+    recorded = user_names(shape_env_of(v for v in vals if isinstance(v, torch.Tensor)), order)
+    names, used = {}, set()
+    for s in order:
+        raw = given.get(where.get(s)) or recorded.get(s) or str(s)
+        name = base = symbol_name(raw)
+        k = 1
+        while name in used:
+            k += 1
+            name = f"{base}_{k}"
+        used.add(name)
+        names[s] = name
+    return names
 
 
 def _dim_names(user, dynamic_shapes) -> dict[tuple[int, int], str]:
@@ -310,18 +375,24 @@ def _dim_names(user, dynamic_shapes) -> dict[tuple[int, int], str]:
     return out
 
 
-def _range(ep, sym) -> list:
-    vr = ep.range_constraints.get(sym)
-    if vr is None:
-        return [None, None]
-    conv = lambda x: int(x) if x.is_finite else None
-    return [conv(vr.lower), conv(vr.upper)]
+def _declare_range(ep, s, name: str) -> None:
+    """The export range of a symbol left symbolic, as deploy's range (low at least 1),
+    narrowed by one already declared (``dims={"seq": (1, 512)}``)."""
+    lo, hi = export_range(ep, s)
+    ctx = sym.context()
+    have_lo, have_hi = ctx.ranges.get(name, (1, None))
+    lo = max(1, lo or 1, have_lo)
+    hi = hi if have_hi is None else have_hi if hi is None else min(hi, have_hi)
+    if hi is not None and hi < lo:
+        raise ModelError(f"dynamic dim {name}: the declared range {have_lo}..{have_hi} and the "
+                         f"exported range {list(export_range(ep, s))} do not overlap")
+    ctx.ranges[name] = (lo, hi)
 
 
-def _check_range(ep, sym, value, name, d) -> None:
-    lo, hi = _range(ep, sym)
+def _check_range(ep, s, value, name, inp, d) -> None:
+    lo, hi = export_range(ep, s)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ModelError(f"input '{name}' dim {d}: size {value} is outside the range "
+        raise ModelError(f"input '{inp}' dim {d} ({name}): size {value} is outside the range "
                          f"[{lo}, {hi}] the program was exported for")
 
 

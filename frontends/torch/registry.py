@@ -6,6 +6,10 @@ node replaced by what it converted to (a graph-IR ``Value``, or a Python int for
 Each row also names the core ops it emits (``needs``): a row whose core ops are not in the op table
 is reported as unsupported instead of failing halfway through a conversion. An optional ``check``
 inspects the fx node and returns a reason string when this particular use is not supported.
+
+Sizes are ``int`` or ``graph_ir.sym.Sym`` (a dynamic dim left symbolic): ``cx.size`` converts a
+``torch.SymInt`` (``symbolic.to_sym``), ``prod`` multiplies sizes, and ``cx.scalar`` of a ``Sym``
+is a value computed at run time.
 """
 from __future__ import annotations
 
@@ -19,7 +23,10 @@ import torch
 from ...graph_ir import ops as core
 from ...graph_ir.builder import Builder
 from ...graph_ir.graph import Value
+from ...graph_ir.sym import Sym
+from ...graph_ir.symfold import sym_array
 from ...graph_ir.types import DType
+from .symbolic import to_sym
 
 Converter = Callable[..., Any]
 Check = Callable[[torch.fx.Node], "str | None"]
@@ -103,7 +110,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 class TorchCtx:
     b: Builder
     node: torch.fx.Node | None = None
-    sym_values: dict = field(default_factory=dict)  # sympy symbol -> bound int
+    symbols: dict = field(default_factory=dict)  # torch's sympy symbol -> int (bound) or Sym
 
     def op(self, name: str, *inputs, **attrs) -> Value:
         """Emit core op ``name`` (looked up in the op table when the converter runs)."""
@@ -129,14 +136,25 @@ class TorchCtx:
             return dtype_of(a.meta["val"].dtype)
         return None
 
-    def concrete(self, x) -> int:
-        """A bound Python int for an int or a torch.SymInt."""
+    def size(self, x):
+        """An int or a ``Sym`` for an int, a ``Sym`` or a torch.SymInt (torch's expression over
+        the program's symbols, bound ones substituted)."""
+        if isinstance(x, Sym):
+            return x
         if isinstance(x, torch.SymInt):
-            return int(x.node.expr.subs(self.sym_values))
+            return to_sym(x, self.symbols)
         return int(x)
+
+    def out_shape(self, index: int | None = None) -> tuple:
+        """The current node's output shape as torch recorded it (ints and ``Sym``)."""
+        val = self.node.meta["val"]
+        return tuple(self.size(d) for d in (val if index is None else val[index]).shape)
 
     # ---- values ----
     def scalar(self, x, dtype: DType) -> Value:
+        if isinstance(x, Sym):  # a symbolic size used as data: computed at run time
+            v = self.b.materialize(self.b.sym_const(sym_array([x], ()), "size"))
+            return self.cast(v, dtype)
         return self.b.const(np.asarray(x, dtype=dtype.np), "scalar", dtype)
 
     def tensor(self, x, dtype: DType) -> Value:
@@ -149,12 +167,20 @@ class TorchCtx:
         return v if v.dtype is dtype else self.op("Cast", v, to=dtype)
 
     def reshape(self, v: Value, shape) -> Value:
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(self.size(d) for d in shape)
         return v if shape == tuple(v.shape) else self.op("Reshape", v, shape=shape)
 
 
 def rank(v: Value) -> int:
     return len(v.shape)
+
+
+def prod(sizes):
+    """The product of ints and ``Sym`` sizes (1 for none)."""
+    out = 1
+    for d in sizes:
+        out = d * out if isinstance(d, Sym) else out * int(d)
+    return out
 
 
 def norm_dim(d: int, r: int) -> int:
