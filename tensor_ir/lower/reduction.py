@@ -11,7 +11,7 @@ import numpy as np
 from ...graph_ir import ops
 from ...graph_ir.ops.reduction import highest, lowest
 from ...graph_ir.types import DType
-from ...graph_ir.sym import smax
+from ...graph_ir.sym import Sym, smax
 from ..expr import (
     INDEX,
     B,
@@ -125,7 +125,7 @@ def lower_scan(ctx: LowerCtx, combine, identity: int) -> list:
         return combine(out[at(vs, j(i))], x[at(vs, j(i if excl else i + 1))])
 
     stages = [compute(out, first)]
-    if n > 1:
+    if isinstance(n, Sym) or n > 1:  # (a size-1 run: the loop runs no point)
         extents = x.shape[:axis] + (n - 1,) + x.shape[axis + 1:]
         stages.append(scatter(out, extents, lambda *vs: at(vs, j(vs[axis] + 1)), step))
     return stages
