@@ -1,0 +1,67 @@
+"""Symbolic sizes on GPU targets: one artifact, every size, checked against ONNX Runtime.
+
+The same artifact runs under Triton's interpreter on the CPU (``InterpretDevice``: the runtime's
+own layout, size parameters, grids and launch order) and, marked ``gpu``, on a real GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import deploy
+from deploy.backends.triton.interpret import InterpretDevice
+from deploy.bench import models
+from deploy.bench.symbolic import feed, rel_error
+
+SIZES = [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 7}, {"batch": 3, "seq": 16}]
+
+
+def _ort(path, inputs):
+    import onnxruntime as ort
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+
+
+@pytest.fixture(scope="module")
+def gpt2_tiny():
+    return models.model_path("gpt2_small", tiny=True, dynamic=True)
+
+
+def _sweep(mod, path, tol: float) -> None:
+    specs = models.input_specs(path)
+    for size in SIZES:
+        inputs = feed(specs, size)
+        err = rel_error([np.asarray(o, np.float32) for o in mod.run(inputs)], _ort(path, inputs))
+        assert err <= tol, f"{size}: error {err:.3g} over {tol}"
+
+
+@pytest.mark.parametrize("dtype,tol", [(None, 1e-5), ("fp16", 1e-2)])
+def test_one_symbolic_gpu_artifact_runs_every_size_interpreted(gpt2_tiny, tmp_path, dtype, tol):
+    art = deploy.compile(str(gpt2_tiny), target="h100", aot=False,
+                         **({"dtype": dtype} if dtype else {}))
+    assert art.manifest["symbols"] == ["batch", "seq"]
+    assert set(art.manifest["gpu"]["sizes"]) >= {"sz_batch", "sz_seq"}
+    with deploy.load(art.save(tmp_path / "m.dpk"), device=InterpretDevice()) as mod:
+        _sweep(mod, gpt2_tiny, tol)
+        assert len(mod._instances) == len(SIZES)  # one instance (plan, memory) per size
+
+
+def test_gpu_instances_are_bounded(gpt2_tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPLOY_GPU_SHAPES", "2")
+    art = deploy.compile(str(gpt2_tiny), target="h100", aot=False)
+    with deploy.load(art.save(tmp_path / "m.dpk"), device=InterpretDevice()) as mod:
+        _sweep(mod, gpt2_tiny, 1e-5)
+        assert len(mod._instances) == 2
+        with pytest.raises(deploy.InputError, match="expected shape"):
+            mod.run({"input_ids": np.ones((1, 3, 2), np.int64)})
+
+
+@pytest.mark.gpu
+def test_symbolic_artifact_on_the_gpu(gpt2_tiny, tmp_path):
+    try:
+        import ctypes
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        pytest.skip("no CUDA driver")
+    art = deploy.compile(str(gpt2_tiny), target="h100", dtype="fp16")
+    with deploy.load(art.save(tmp_path / "m.dpk")) as mod:
+        _sweep(mod, gpt2_tiny, 1e-2)
