@@ -57,10 +57,23 @@ def _time_pair(sym, static, inputs: dict, runs: int) -> tuple[float, float]:
     return float(np.median(a)), float(np.median(b))
 
 
-def _sizes(specs, max_pos: int | None) -> list[dict]:
+def _replay_ms(mod):
+    from .gpu import _replay_ms as replay
+    try:
+        return replay(mod)
+    except Exception:  # noqa: BLE001  (a diagnostic)
+        return None
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _sizes(specs, max_pos: int | None, short: bool) -> list[dict]:
     if is_text(specs):
-        return [{"batch": b, "seq": s} for b, s in SWEEP_TEXT if not max_pos or s <= max_pos]
-    return [{"batch": b} for b in SWEEP_IMAGE]
+        text = [(1, 1), (2, 7), (1, 128)] if short else SWEEP_TEXT
+        return [{"batch": b, "seq": s} for b, s in text if not max_pos or s <= max_pos]
+    return [{"batch": b} for b in ([1, 3] if short else SWEEP_IMAGE)]
 
 
 def bench_model(name: str, a) -> list[str]:
@@ -69,7 +82,7 @@ def bench_model(name: str, a) -> list[str]:
     sym, sym_s = _compile(path, a.target, a.dtype)
     sess = _ort(path)
     rows, fails = [], 0
-    for size in _sizes(specs, max_positions(name, a.tiny)):
+    for size in _sizes(specs, max_positions(name, a.tiny), a.sweep == "short"):
         inputs = feed(specs, size)
         err = rel_error([np.asarray(o, np.float32) for o in sym.run(inputs)],
                         sess.run(None, inputs))
@@ -84,8 +97,14 @@ def bench_model(name: str, a) -> list[str]:
         static, static_s = _compile(path, a.target, a.dtype,
                                     {k: v.shape for k, v in inputs.items()})
         ms_sym, ms_static = _time_pair(sym, static, inputs, a.runs)
+        inst = sym.instance(inputs)
+        gpu_sym, gpu_static = _replay_ms(inst), _replay_ms(static)
         trows.append(f"| {name} | {_text(size)} | {ms_sym:.3f} | {ms_static:.3f} | "
-                     f"{ms_sym / ms_static:.3f} | {sym_s:.1f} | {static_s:.1f} |")
+                     f"{ms_sym / ms_static:.3f} | {_ms(gpu_sym)} | {_ms(gpu_static)} | "
+                     f"{len(inst._launches)} / {len(static._launches)} | {sym_s:.1f} | "
+                     f"{static_s:.1f} |")
+        if inst.graph_error or static.graph_error:
+            print(f"graph errors: {inst.graph_error!r} {static.graph_error!r}")
         static.close()
     sym.close()
     print("\n".join(rows + trows), flush=True)
@@ -104,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--timing", default="text=1x128,32x128 image=1,32")
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--sweep", default="full", choices=["full", "short"],
+                   help="short: three sizes per model (the timing runs matter)")
     a = p.parse_args(argv)
     checks, timings, fails = [], [], 0
     for name in a.models:
@@ -115,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | size | err / range | check |\n|---|---|---:|---|")
     print("\n".join(checks))
     print("\n### symbolic vs static at the same size (device inputs, medians)\n")
-    print("| model | size | symbolic ms | static ms | ratio | symbolic compile s | static "
-          "compile s |\n|---|---|---:|---:|---:|---:|---:|")
+    print("| model | size | symbolic ms | static ms | ratio | symbolic GPU ms | static GPU ms "
+          "| launches | symbolic compile s | static compile s |\n"
+          "|---|---|---:|---:|---:|---:|---:|---|---:|---:|")
     print("\n".join(timings))
     return 1 if fails else 0
 

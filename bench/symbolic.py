@@ -1,6 +1,6 @@
 """Symbolic shapes: one artifact per model, compiled with no shape flags, run at every size.
 
-    python -m deploy.bench.symbolic [bert_base gpt2_small resnet50] [--tiny] [--runs 20]
+    python -m deploy.bench.symbolic [bert_base gpt2_small resnet50] [--tiny] [--runs 10]
         [--sizes default|full|"batch=1,2 seq=1,7 image_batch=1,3"] [--max-tokens 2048]
         [--timing "text=1x128,8x128 image=1,8" | --timing none] [--json out.json]
 
@@ -17,10 +17,10 @@ time grows with it), are ``skipped``.
 
 At the ``--timing`` sizes it also compiles a static artifact (``shapes={input: that shape}``),
 checks it against ORT the same way, and times the two in the same process in alternating
-blocks (bench.cpu.interleaved_ms: medians after warm-up): run time symbolic/static (target
-<= 1.10) and compile seconds symbolic/static (target <= 1.2). Prints markdown tables;
-``--json`` writes every row. Exit status 1 when any check fails (sweep or static).
-"""
+runs (``alternate_ms``: medians of ``--runs`` runs after warm-up; the minimums are in the
+JSON): run time symbolic/static (target <= 1.10) and compile seconds symbolic/static (target
+<= 1.2; the symbolic compile is timed once per model). Prints markdown tables; ``--json``
+writes every row. Exit status 1 when any check fails (sweep or static)."""
 from __future__ import annotations
 
 import argparse
@@ -214,8 +214,8 @@ def check(run, ort_sess, inputs: dict) -> dict:
     status = "PASS" if err <= TOLERANCE else "FAIL"  # nan compares False: FAIL
     detail = "" if status == "PASS" else ("shape mismatch: " + ", ".join(
         f"{a.shape} vs {b.shape}" for a, b in zip(ours, ref)) if math.isinf(err) else "")
-    return {"status": status, "err": err, "detail": detail,
-            "run_ms": round(1e3 * ours_s, 2), "ort_ms": round(1e3 * ort_s, 2)}
+    return {"status": status, "err": err, "detail": detail,  # first calls at this size:
+            "first_run_ms": round(1e3 * ours_s, 2), "ort_first_run_ms": round(1e3 * ort_s, 2)}
 
 
 def _first_line(e: BaseException) -> str:
@@ -246,21 +246,38 @@ def compile_load(path: Path, out_dir: Path, label: str, shapes: dict | None = No
             "bound_symbols": {s: b.get("value") for s, b in bound.items()}}
 
 
-def time_pair(sym_mod, static_mod, inputs: dict, runs: int) -> tuple[float | None, float]:
-    """Median ms of the symbolic and the static module on ``inputs``, alternating blocks in
-    this process; symbolic None when it refuses the size."""
-    import deploy
+def alternate_ms(fns, runs: int, warmup: int = 2) -> list[list[float]]:
+    """Milliseconds of ``runs`` calls of each of ``fns``, one call of each in turn (so drift and
+    a neighbour's load fall on all alike), after ``warmup`` untimed calls of each."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(runs):
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+    return times
 
-    from .cpu import interleaved_ms
+
+def time_pair(sym_mod, static_mod, inputs: dict, runs: int) -> dict:
+    """Median and min ms of the symbolic and the static module on ``inputs``, alternating
+    runs in this process; the symbolic ones None when it refuses the size."""
+    import deploy
     fns = [lambda: static_mod.run(inputs)]
     try:
         if sym_mod is not None:
             sym_mod.run(inputs)
-            fns.insert(0, lambda: sym_mod.run(inputs))
+            fns.append(lambda: sym_mod.run(inputs))
     except deploy.InputError:
         pass
-    ms = interleaved_ms(fns, runs)
-    return (ms[0] if len(ms) == 2 else None), ms[-1]
+    times = alternate_ms(fns, runs) + [None]
+    out = {}
+    for label, ts in (("static", times[0]), ("sym", times[1])):
+        out[f"{label}_ms"] = _round(float(np.median(ts))) if ts else None
+        out[f"{label}_min_ms"] = _round(min(ts)) if ts else None
+    return out
 
 
 def timing_row(path: Path, specs, size: dict, sym: dict, ort_sess, out_dir: Path,
@@ -277,9 +294,11 @@ def timing_row(path: Path, specs, size: dict, sym: dict, ort_sess, out_dir: Path
     row.update(static_compile_s=static["compile_s"], static_status=got["status"],
                static_err=got["err"], detail=got["detail"])
     if got["status"] in ("PASS", "FAIL"):
-        sym_ms, static_ms = time_pair(sym["module"], static["module"], inputs, runs)
-        row.update(sym_ms=_round(sym_ms), static_ms=_round(static_ms),
-                   run_ratio=_round(sym_ms / static_ms if sym_ms else None, 3),
+        row.update(time_pair(sym["module"], static["module"], inputs, runs))
+        sym_ms, static_ms = row["sym_ms"], row["static_ms"]
+        row.update(run_ratio=_round(sym_ms / static_ms if sym_ms else None),
+                   run_ratio_min=_round(row["sym_min_ms"] / row["static_min_ms"]
+                                        if sym_ms else None),
                    sym_refused=sym_ms is None)
     if sym.get("compile_s"):
         row["compile_ratio"] = round(sym["compile_s"] / static["compile_s"], 3)
@@ -306,7 +325,7 @@ def bench_model(name: str, tiny: bool, sizes: Sizes, timing: dict, runs: int,
     import deploy.compiler  # noqa: F401 - imported before the clock starts, like the static ones
     sym = compile_load(path, out_dir, name)
     res.update({k: v for k, v in sym.items() if k != "module"})
-    print(f"  symbolic compile: " + (f"{sym['compile_s']:.2f} s, inputs {sym['input_specs']}, "
+    print("  symbolic compile: " + (f"{sym['compile_s']:.2f} s, inputs {sym['input_specs']}, "
                                      f"bound {sym['bound_symbols'] or 'none'}"
                                      if sym["module"] else f"FAILED {sym['error']}"))
     for w in sym.get("warnings", []):
@@ -322,9 +341,13 @@ def bench_model(name: str, tiny: bool, sizes: Sizes, timing: dict, runs: int,
             row = check(sym["module"].run, sess, feed(specs, size))
         res["sizes"].append({"size": size, **row})
         print(f"  {_size_text(size)}: {row['status']} {_err_text(row['err'])} {row['detail']}")
-    res["timing"] = [timing_row(path, specs, dict(zip(("batch", "seq"), dims)), sym, sess,
-                                out_dir, runs)
-                     for dims in timing["text" if text else "image"]]
+    res["timing"] = []
+    for dims in timing["text" if text else "image"]:
+        row = timing_row(path, specs, dict(zip(("batch", "seq"), dims)), sym, sess, out_dir, runs)
+        res["timing"].append(row)
+        print(f"  timing {_size_text(row['size'])}: symbolic {_cell(row.get('sym_ms'))} ms, "
+              f"static {_cell(row.get('static_ms'))} ms (static compile "
+              f"{_cell(row.get('static_compile_s'))} s, check {row['static_status']})")
     if sym["module"] is not None:
         sym["module"].close()
     return res
@@ -367,9 +390,9 @@ def tables(results: list[dict]) -> str:
         for r in m["sizes"]:
             lines.append(f"| {m['model']} | {r['size']['batch']} | {r['size'].get('seq', '-')} "
                          f"| {r['status']} | {_err_text(r['err'])} | {r['detail']} |")
-    lines += ["", "| model | size | symbolic ms | static ms | run sym/static | compile s sym "
-              "| compile s static | compile sym/static | static check |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", ("| model | size | symbolic ms | static ms | run sym/static | (min) "
+                   "| compile s sym | compile s static | compile sym/static | static check |"),
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for m in results:
         for t in m["timing"]:
             static = f"{t['static_status']} {_err_text(t.get('static_err'))}"
@@ -377,6 +400,7 @@ def tables(results: list[dict]) -> str:
             lines.append(
                 f"| {m['model']} | {_size_text(t['size'])} | {_cell(t.get('sym_ms'), sym)} "
                 f"| {_cell(t.get('static_ms'))} | {_cell(t.get('run_ratio'), sym)} "
+                f"| {_cell(t.get('run_ratio_min'), sym)} "
                 f"| {_cell(t.get('sym_compile_s'))} | {_cell(t.get('static_compile_s'))} "
                 f"| {_cell(t.get('compile_ratio'))} | {static} |")
     return "\n".join(lines)
@@ -398,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timing", default=None,
                    help=f"sizes to time against a static build (default '{TIMING['default']}', "
                         f"tiny '{TIMING['tiny']}'; 'none': no timing)")
-    p.add_argument("--runs", type=int, default=20, help="timed runs per artifact and size")
+    p.add_argument("--runs", type=int, default=10, help="timed runs per artifact and size")
     p.add_argument("--json", type=Path, default=None, help="also write every row here")
     a = p.parse_args(argv)
     try:

@@ -29,6 +29,7 @@ binaries; the compiler's tests plug in a CPU device that runs the same plan unde
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 
@@ -180,8 +181,9 @@ class GpuModule:
         self._scratch = at
         at += _align(_size(self.gpu.get("scratch_bytes", 0), self._env))
         self._triton_scratch = at
-        at += _align(max((_scratch_bytes(launch) for plan in self.gpu["kernels"].values()
-                          for launch in plan["launches"]), default=0))
+        at += _align(max((_scratch_bytes(launch, self._env) for plan in self.gpu["kernels"].values()
+                          for v in plan.get("variants", [plan]) for launch in v["launches"]),
+                         default=0))
         self._bytes = at
         self._base = self.device.alloc(max(at, ALIGN))
         self.ptr = {vid: self._base + off for vid, off in offsets.items()}
@@ -198,7 +200,7 @@ class GpuModule:
             if step["kind"] != "kernel":
                 continue
             plan = self.gpu["kernels"][step["symbol"]]
-            for launch in plan["launches"]:
+            for launch in choose_variant(plan, self._env):
                 out.append(self._prepare_launch(step, launch, ptr))
         return out
 
@@ -618,12 +620,25 @@ def _memory_plan(memory: dict, env: dict) -> tuple[dict[int, int], int]:
     return offsets, nbytes
 
 
-def _scratch_bytes(launch: dict) -> int:
+def _scratch_bytes(launch: dict, env: dict) -> int:
     size = int(launch.get("global_scratch", 0))
     if not size:
         return 0
-    gx, gy, gz = launch["grid"]
+    gx, gy, gz = (_size(g, env) for g in launch["grid"])
     return size * gx * gy * gz
+
+
+def choose_variant(plan: dict, env: dict) -> list[dict]:
+    """A kernel's launches at these sizes: of its size-class variants (compiled with every
+    symbol at a size point), the one whose point is nearest, on a log scale, to the geometric
+    mean of the kernel's symbols here."""
+    variants = plan.get("variants")
+    if not variants or not env:
+        return plan["launches"]
+    values = [max(env[s], 1) for s in plan["symbols"]]
+    mean = math.exp(sum(map(math.log, values)) / len(values))
+    best = min(variants, key=lambda v: abs(math.log(v["at"]) - math.log(mean)))
+    return best["launches"]
 
 
 # binary kind -> the driver API that loads it

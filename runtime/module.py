@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import ArtifactError, DeployError, InputError
 from .artifact import aligned_array, aligned_empty, read_artifact
+from .cpu_features import missing_features
 from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu import GpuModule, SymbolicGpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
@@ -98,6 +99,13 @@ class Module:
 
     def _load_library(self, contents) -> ctypes.CDLL:
         name = self.manifest["library"]
+        tgt = self.manifest["target"]
+        lacking = missing_features(tgt)
+        if lacking:  # loading would work; the first kernel would die with SIGILL
+            raise ArtifactError(
+                f"{self.path}: compiled for target {tgt['name']}, which needs "
+                f"{', '.join(lacking)}; this CPU lacks {'it' if len(lacking) == 1 else 'them'}. "
+                "Compile for --target host (this CPU's features) or a target it supports")
         digest = contents.manifest["members"][name][:16]  # the artifact's (variants share it)
         path = _lib_dir() / f"{digest}.so"
         if not path.exists():

@@ -157,3 +157,16 @@ def test_debug_flag_shows_the_traceback(capsys):
     assert main(["--debug", "targets", "show", "tpu-v9"]) != 0
     err = capsys.readouterr().err
     assert "Traceback" in err and "unknown target 'tpu-v9'" in err
+
+
+def test_artifact_for_a_cpu_feature_this_cpu_lacks_is_refused(monkeypatch, tmp_path):
+    # code for x86_64-avx512 would die with SIGILL on a CPU without AVX-512: refused at load
+    from deploy.errors import ArtifactError
+    from deploy.runtime import cpu_features
+    monkeypatch.setattr(cpu_features, "host_flags", lambda: frozenset({"sse4_2", "avx2", "fma"}))
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", np.float32, [4])],
+                       [("y", np.float32, [4])])
+    path = deploy.compile(model, target="x86_64-avx512").save(tmp_path / "m.dpk")
+    with pytest.raises(ArtifactError, match=r"x86_64-avx512, which needs .*avx512f.*this CPU lacks"):
+        deploy.load(path)
+    assert cpu_features.missing_features({"triple": "aarch64-linux-gnu", "isa": ["neon"]}) == []

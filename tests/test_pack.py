@@ -40,8 +40,9 @@ def test_packed_matmul_matches_ort_with_ragged_columns():
 @pytest.mark.parametrize("target,tile", [("x86_64-avx512", (6, 64)), ("x86_64-avx2", (6, 16))])
 def test_register_tile_follows_the_targets_vector_width(target, tile):
     # AVX2 has 16 registers of 8 floats: a 6 x 64 tile would spill; 6 x 16 keeps 12 in registers
-    if target == "x86_64-avx2" and not _cpu_has("avx2"):
-        pytest.skip("this CPU cannot run AVX2 code")
+    needs = {"x86_64-avx2": "avx2", "x86_64-avx512": "avx512f"}[target]
+    if not _cpu_has(needs):
+        pytest.skip(f"this CPU cannot run {needs} code")
     rng = np.random.default_rng(2)
     nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
     model = make_model(nodes, [("x", np.float32, [24, 40])], [("y", np.float32, [24, 128])],

@@ -1,8 +1,9 @@
 """Symbolic shapes end to end: models whose inputs keep ``dim_param``s (``batch``, ``seq``) are
 compiled ONCE for ``host`` with no ``shapes=``, then run at several sizes with fresh seeded random
 inputs and compared to ONNX Runtime (fp32: rtol 1e-4, atol 1e-5 unless a test says otherwise).
-Also: the errors that name a symbol, ranges and bindings (``dims=``), symbols bound for a GPU
-target or an unfolded shape computation, memory over many sizes, and the command line."""
+Also: the errors that name a symbol, ranges and bindings (``dims=``), a GPU target (compiled
+only), a symbol bound for a shape computation deploy does not fold, memory over many sizes, and
+the command line. Bugs found are kept as ``xfail(strict=True)`` tests with a one-line reason."""
 from __future__ import annotations
 
 import gc
@@ -103,6 +104,8 @@ def test_cnn_example_symbolic_batch():
         compare(mod, model, {name: randn(rng, n, 1, 28, 28)})
 
 
+@pytest.mark.xfail(strict=True, reason="memory plan: a kernel output whose view is a graph output "
+                   "adds its Sym byte count to intermediate_bytes; saving the manifest fails")
 def test_shape_gather_concat_reshape():
     """Shape -> Gather -> Unsqueeze -> Mul/Concat -> Reshape: rows batch*seq for a MatMul, back to
     (batch, seq, 8), flattened with -1, and split into heads then transposed."""
@@ -124,6 +127,32 @@ def test_shape_gather_concat_reshape():
              "W": randn(rng, 16, 8)}
     model = make_model(nodes, [("x", np.float32, ["batch", "seq", 16])],
                        [("y", np.float32, ["batch", "seq", 8]), ("z", np.float32, ["batch", None]),
+                        ("heads", np.float32, ["batch", 4, "seq", 4])], inits)
+    mod = compile_symbolic(model, ["batch", "seq"])
+    for b, s in ((1, 1), (2, 5), (3, 7), (1, 13)):
+        compare(mod, model, {"x": randn(rng, b, s, 16)})
+
+
+def test_shape_gather_concat_reshape_without_output_views():
+    """The same shape subgraph where no output is a view of a kernel's output: x viewed as
+    (batch*seq, 16) into a MatMul, as (batch, seq*16) with -1 into a Relu, as (batch, seq, 4, 4)
+    into a Transpose."""
+    rng = np.random.default_rng(12)
+    nodes = SHAPE_OF_X + [
+        helper.make_node("Mul", ["bt1", "sq1"], ["rows"]),
+        helper.make_node("Concat", ["rows", "c16"], ["flat_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "flat_shape"], ["xf"]),
+        helper.make_node("MatMul", ["xf", "W"], ["y"]),  # [batch*seq, 8]
+        helper.make_node("Concat", ["bt1", "cm1"], ["flat2"], axis=0),
+        helper.make_node("Reshape", ["x", "flat2"], ["xz"]),
+        helper.make_node("Relu", ["xz"], ["z"]),  # [batch, seq*16]
+        helper.make_node("Concat", ["bt1", "sq1", "c4", "c4"], ["heads_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "heads_shape"], ["xh"]),
+        helper.make_node("Transpose", ["xh"], ["heads"], perm=(0, 2, 1, 3)),
+    ]
+    inits = {**SHAPE_INITS, "c16": i64(16), "c4": i64(4), "cm1": i64(-1), "W": randn(rng, 16, 8)}
+    model = make_model(nodes, [("x", np.float32, ["batch", "seq", 16])],
+                       [("y", np.float32, [None, 8]), ("z", np.float32, ["batch", None]),
                         ("heads", np.float32, ["batch", 4, "seq", 4])], inits)
     mod = compile_symbolic(model, ["batch", "seq"])
     for b, s in ((1, 1), (2, 5), (3, 7), (1, 13)):
@@ -243,12 +272,12 @@ def test_reduce_mean_over_a_symbolic_axis():
     rng = np.random.default_rng(18)
     nodes = [helper.make_node("ReduceMean", ["x"], ["mean_seq"], axes=[1], keepdims=0),
              helper.make_node("ReduceMean", ["x"], ["mean_bs"], axes=[0, 1], keepdims=1),
-             helper.make_node("ReduceSum", ["x"], ["sum_seq"], axes=[1], keepdims=1),
+             helper.make_node("ReduceSum", ["x", "ax1"], ["sum_seq"], keepdims=1),
              helper.make_node("Sub", ["x", "sum_seq"], ["centred"])]  # broadcast back over seq
     model = make_model(nodes, [("x", np.float32, ["batch", "seq", 16])],
                        [("mean_seq", np.float32, ["batch", 16]),
                         ("mean_bs", np.float32, [1, 1, 16]),
-                        ("centred", np.float32, ["batch", "seq", 16])])
+                        ("centred", np.float32, ["batch", "seq", 16])], {"ax1": i64(1)})
     mod = compile_symbolic(model, ["batch", "seq"])
     for b, s in ((1, 1), (2, 7), (3, 13), (1, 100)):
         compare(mod, model, {"x": randn(rng, b, s, 16)})
@@ -285,8 +314,79 @@ def test_matmul_whose_rows_are_batch_times_seq():
                        {"W": randn(rng, 64, 40), "B": randn(rng, 40)})
     mod = compile_symbolic(model, ["batch", "seq"])
     for b, s in ((1, 1), (1, 5), (2, 7), (3, 13), (2, 1), (1, 37)):
-        # `mixed` sums seq*64 products of products: its relative error grows with the sums
-        compare(mod, model, {"x": randn(rng, b, s, 64)}, rtol=1e-4, atol=1e-3)
+        compare(mod, model, {"x": randn(rng, b, s, 64)})
+
+
+def test_more_ops_over_a_symbolic_axis():
+    """Concat, Pad, Tile, CumSum, Gather, Split, Flatten, LayerNormalization, ArgMax and a causal
+    mask built from Range(seq) (LessOrEqual -> Where -> Softmax), all along seq."""
+    rng = np.random.default_rng(24)
+    nodes = SHAPE_OF_X + [
+        helper.make_node("Concat", ["x", "x"], ["xx"], axis=1),  # [batch, 2*seq, 6]
+        helper.make_node("Split", ["xx"], ["half_a", "half_b"], axis=1),
+        helper.make_node("Sub", ["half_a", "half_b"], ["zeros_like"]),
+        helper.make_node("Pad", ["x", "pads"], ["padded"]),  # [batch, seq + 3, 6]
+        helper.make_node("Tile", ["x", "reps"], ["tiled"]),  # [batch, 2*seq, 6]
+        helper.make_node("CumSum", ["x", "ax1s"], ["cumsum"]),
+        helper.make_node("Gather", ["x", "last"], ["gathered"], axis=1),
+        helper.make_node("Flatten", ["x"], ["flat"], axis=1),
+        helper.make_node("Relu", ["flat"], ["flat_relu"]),
+        helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln_seq"], axis=1),
+        helper.make_node("ArgMax", ["x"], ["argmax"], axis=1),
+        helper.make_node("Range", ["z0", "sq", "one"], ["r"]),
+        helper.make_node("Unsqueeze", ["r", "ax0"], ["r_row"]),
+        helper.make_node("Unsqueeze", ["r", "ax1"], ["r_col"]),
+        helper.make_node("LessOrEqual", ["r_row", "r_col"], ["causal"]),  # [seq, seq]
+        helper.make_node("Transpose", ["x"], ["xt"], perm=(0, 2, 1)),
+        helper.make_node("MatMul", ["x", "xt"], ["scores"]),
+        helper.make_node("Where", ["causal", "scores", "neg"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["attn"], axis=-1),
+    ]
+    inits = {**SHAPE_INITS, "pads": i64(0, 1, 0, 0, 2, 0), "reps": i64(1, 2, 1),
+             "ax1s": scalar(1), "last": i64(-1, 0), "g": randn(rng, 6), "b": randn(rng, 6),
+             "z0": scalar(0), "one": scalar(1), "ax1": i64(1),
+             "neg": np.array(-1e9, np.float32)}
+    outs = ["zeros_like", "padded", "tiled", "cumsum", "gathered", "flat_relu", "ln_seq",
+            "attn"]
+    model = make_model(nodes, [("x", np.float32, ["batch", "seq", 6])],
+                       [(n, np.float32, None) for n in outs] + [("argmax", np.int64, None)],
+                       inits)
+    mod = compile_symbolic(model, ["batch", "seq"])
+    for b, s in ((1, 1), (2, 5), (3, 8), (1, 17)):
+        compare(mod, model, {"x": randn(rng, b, s, 6)})
+
+
+@pytest.mark.xfail(strict=True, reason="Resize with float scales over a symbolic axis fails "
+                   "with ModelError (TypeError Sym * float) instead of keeping or binding seq")
+def test_resize_over_a_symbolic_axis_compiles():
+    """Resize (nearest, scale 2 along seq): symbolic, or else seq bound with the documented
+    RuntimeWarning; either way it runs right at seq=1 (the bound value), and at other sizes if
+    seq stayed symbolic."""
+    rng = np.random.default_rng(25)
+    model = make_model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")],
+                       [("x", np.float32, ["batch", "seq", 6])], [("y", np.float32, None)],
+                       {"scales": np.array([1, 2, 1], np.float32)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        art = deploy.compile(model)
+    mod = art.load()
+    symbolic = "seq" in art.manifest.get("symbols", [])
+    for b, s in ((2, 1), (1, 5), (3, 8)) if symbolic else ((2, 1),):
+        compare(mod, model, {"x": randn(rng, b, s, 6)})
+
+
+@pytest.mark.xfail(strict=True, reason="Conv over a symbolic length binds it to 1 (its tiling "
+                   "compares sizes) although a 3-tap unpadded Conv needs >= 3: output dim -1")
+def test_conv_over_a_symbolic_length_never_declares_a_negative_size():
+    rng = np.random.default_rng(26)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])],
+                       [("x", np.float32, ["batch", 6, "seq"])], [("y", np.float32, None)],
+                       {"w": randn(rng, 4, 6, 3)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # binding seq is allowed (documented)
+        art = deploy.compile(model)
+    for spec in art.manifest["inputs"] + art.manifest["outputs"]:
+        assert all(d >= 1 for d in spec["shape"] if isinstance(d, int)), spec
 
 
 # ---- small torch modules exported with dynamic axes --------------------------------------------
@@ -513,16 +613,28 @@ def test_unfolded_shape_computation_binds_its_symbol_with_a_warning(tmp_path, ca
     assert "bound:    seq=3 for the whole artifact" in out and "symbols:  batch in 1.." in out
 
 
-def test_gpu_target_binds_symbols_with_a_warning():
+def test_gpu_target_keeps_symbols_and_binds_only_what_it_must():
+    """GPU (Triton) targets compile symbolic sizes (since commit c367cd7): no warning and no
+    bound symbol for a plain model; a shape computation deploy does not fold binds its symbol
+    for the whole artifact with a RuntimeWarning, as on CPU. Compiled only, not run."""
     pytest.importorskip("triton")
     rng = np.random.default_rng(36)
-    model = _two_input_model(rng)
-    with pytest.warns(RuntimeWarning, match=r"symbolic size\(s\) bound for the whole artifact"):
-        art = deploy.compile(model, target="h100", dims={"seq": (4, 64)})
-    bound = art.manifest["provenance"]["bound_symbols"]
-    assert {s: b["value"] for s, b in bound.items()} == {"batch": 1, "seq": 4}
-    assert not art.manifest.get("symbols")
-    assert [i["shape"] for i in art.manifest["inputs"]] == [[1, 4, 16]] * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        art = deploy.compile(_two_input_model(rng), target="h100", dims={"seq": (4, 64)})
+    m = art.manifest
+    assert m["target"]["name"] == "h100" and m.get("gpu")
+    assert m["symbols"] == ["batch", "seq"] and "bound_symbols" not in m["provenance"]
+    assert m["dims"] == {"batch": [1, None], "seq": [4, 64]}
+
+    with pytest.warns(RuntimeWarning, match=r"symbolic size\(s\) bound for the whole artifact: "
+                                            r"seq=4 \(a shape value cast to float32\)"):
+        art = deploy.compile(_cast_shape_model(rng), target="h100", dims={"seq": (4, 64)})
+    m = art.manifest
+    assert {s: b["value"] for s, b in m["provenance"]["bound_symbols"].items()} == {"seq": 4}
+    assert m["symbols"] == ["batch"]
+    assert [d if isinstance(d, int) else d["sym"] for d in m["inputs"][0]["shape"]] == \
+        ["batch", 4, 8]
 
 
 # ---- memory over many sizes --------------------------------------------------------------------
@@ -537,11 +649,14 @@ def test_memory_stays_flat_over_many_sizes():
     """One module run at 50 seeded random sizes (from 10 distinct ones, all seen in the first 10
     runs; the largest first, so the arena and kernel scratch are at their final size). Python
     allocations (tracemalloc) after the last 40 runs stay within 64 KiB of the level after the
-    first 10, and RSS within 4 MiB (a leaked intermediate of the largest size is 0.9 MiB).
+    first 10, and RSS within 2 MiB (one leaked intermediate of the largest size per run would
+    be 36 MiB).
     Then 140 distinct sizes: the module keeps 64 signatures, so the second 70 add nothing."""
     rng = np.random.default_rng(40)
-    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "W2"], ["m"]), helper.make_node("Add", ["m", "x"], ["a"]),
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "W2"], ["m"]),
+             helper.make_node("Add", ["m", "x"], ["a"]),
              helper.make_node("Softmax", ["a"], ["y"], axis=1)]
     model = make_model(nodes, [("x", np.float32, ["batch", "seq", 64])],
                        [("y", np.float32, ["batch", "seq", 64])],
@@ -550,12 +665,11 @@ def test_memory_stays_flat_over_many_sizes():
     biggest = (8, 112)
     pool = [biggest] + [(int(rng.integers(1, 9)), int(rng.integers(1, 113))) for _ in range(9)]
     order = pool + [pool[k] for k in rng.integers(0, len(pool), 40)]
-    check_at = {0, 5, 25, 49}
     tracemalloc.start()
     try:
         for k, (b, s) in enumerate(order):
             x = randn(rng, b, s, 64)
-            if k in check_at:
+            if k in (0, 5):  # ONNX Runtime only before the baseline: its sessions take memory
                 compare(mod, model, {"x": x})
             else:
                 assert mod.run({"x": x})[0].shape == (b, s, 64)
@@ -566,7 +680,8 @@ def test_memory_stays_flat_over_many_sizes():
         gc.collect()
         traced50, rss50 = tracemalloc.get_traced_memory()[0], _rss_bytes()
         assert traced50 - traced10 < 64 * 1024, (traced10, traced50)
-        assert rss50 - rss10 < 4 * 2 ** 20, (rss10, rss50)
+        assert rss50 - rss10 < 2 * 2 ** 20, (rss10, rss50)
+        compare(mod, model, {"x": randn(rng, *order[-1], 64)})  # still right after 50 runs
 
         sizes = [(b, s) for b in range(1, 9) for s in range(1, 113)]
         picks = [sizes[k] for k in rng.choice(len(sizes), 140, replace=False)]

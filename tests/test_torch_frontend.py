@@ -462,11 +462,17 @@ def test_dynamic_batch_bound_and_reported():
     (name, info), = report["dynamic_dims"].items()
     assert report["bound_dims"] == {name: 5} and info["from"] == "--shape"
     assert info["range"] == [1, 64] and "bound" in report["dynamic_note"]
-    # the Dim's own name is used when the caller passes dynamic_shapes
-    x = torch.randn(3, 16)
-    art = deploy.compile(module, example_inputs=(x,), dynamic_shapes={"x": {0: batch}})
-    assert art.manifest["provenance"]["bound_dims"] == {"batch": 3}
-    assert_close(art.load().run([x.numpy()])[0], eager(module, (x,))[0], "dynamic")
+    # with no --shape the Dim stays symbolic, under its own name: one artifact, every batch
+    art = deploy.compile(module, example_inputs=(torch.randn(3, 16),),
+                         dynamic_shapes={"x": {0: batch}})
+    assert art.manifest["provenance"]["bound_dims"] == {}
+    mod = art.load()
+    assert mod.input_specs[0].shape[0] == "batch"
+    for n in (3, 1, 64):
+        x = torch.randn(n, 16)
+        assert_close(mod.run([x.numpy()])[0], eager(module, (x,))[0], f"dynamic batch {n}")
+    with pytest.raises(deploy.InputError, match="batch=65 is outside the compiled range 1..64"):
+        mod.run([torch.randn(65, 16).numpy()])
 
 
 def test_dynamic_dim_out_of_range_is_an_error():

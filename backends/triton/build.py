@@ -13,13 +13,14 @@ Members written: ``gpu/kernels.py`` (the generated source; runnable on its own),
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
 from ...errors import NotImplementedYetError
-from ...graph_ir.sym import Sym, smax
+from ...graph_ir.sym import Sym, context, smax
 from ...tensor_ir.expr import Load, R, Reduce, transform, walk
-from ...tensor_ir.kernel import Buffer, Kernel
+from ...tensor_ir.kernel import Buffer, Kernel, kernel_sizes
 from .fuse import fuse_stages
 from .render import TritonFunction, TritonRenderer
 from .sizes import size_json
@@ -45,15 +46,32 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
             "output shapes and do not run on GPU targets yet; compile for a CPU target")
     renderer = TritonRenderer(tgt, allow_tf32=allow_tf32)
     plans, unique, info, scratch = {}, {}, [], 0
+    warp = tgt.warp_size or 32
     for k in kernels:
         fused = fuse_stages(k, (constants or {}).get(k.name))
-        fns = [_shared(f, unique) for f in renderer.kernel(fused, (tuned or {}).get(k.name))]
-        temps, temp_bytes = _temp_layout(fused, fns)
-        plans[k.name] = {"launches": [_launch(f, fused, temps, tgt.warp_size or 32) for f in fns],
-                         "temp_bytes": size_json(temp_bytes)}
+        variants = []  # (size point or None, functions): configurations for size classes
+        for point in variant_points(fused):
+            named = fused if not variants else dataclasses.replace(
+                fused, name=f"{fused.name}_v{len(variants)}")
+            with _hints(fused, point):
+                fns = [_shared(f, unique) for f in renderer.kernel(named,
+                                                                   (tuned or {}).get(k.name))]
+            if all(_names(fns) != _names(other) for _, other in variants):
+                variants.append((point, fns))
+        temps, temp_bytes = _temp_layout(fused, [f for _, fns in variants for f in fns])
+        plan = {"launches": [_launch(f, fused, temps, warp) for f in variants[0][1]],
+                "temp_bytes": size_json(temp_bytes)}
+        if len(variants) > 1:  # the runtime picks one per set of sizes (choose_variant)
+            plan["symbols"] = sorted(kernel_sizes(fused))
+            plan["variants"] = [{"at": point, "launches": [_launch(f, fused, temps, warp)
+                                                          for f in fns]}
+                                for point, fns in variants]
+        plans[k.name] = plan
         scratch = smax(scratch, temp_bytes)
         info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
-                     "tuned": k.name in (tuned or {}), "schedule": [_describe(f) for f in fns]})
+                     "tuned": k.name in (tuned or {}),
+                     "schedule": [_describe(f) for f in variants[0][1]],
+                     **({"variants": [p for p, _ in variants]} if len(variants) > 1 else {})})
     functions = list(unique.values())
     source = TritonRenderer.module(functions)
     if dump:
@@ -74,6 +92,40 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
            "kernels": plans, "scratch_bytes": size_json(scratch),
            "sizes": renderer.sizes.json()}
     return members, info, {"gpu": gpu, "binaries": binaries}
+
+
+# ---- size classes ----------------------------------------------------------------------------
+
+VARIANT_POINTS = (1, 16, 128)  # every symbol of a kernel at this size: one configuration each
+
+
+def variant_points(k: Kernel) -> list:
+    """[None] for a kernel of fixed sizes; else the size points its configurations are chosen
+    at (tile shapes, blocks and warps fitted to an M of 1, of a few hundred, of thousands)."""
+    return list(VARIANT_POINTS) if kernel_sizes(k) else [None]
+
+
+@contextlib.contextmanager
+def _hints(k: Kernel, point):
+    """The compile's hints with every symbol of ``k`` at ``point`` (within its range)."""
+    ctx = context()
+    saved = dict(ctx.hints)
+    if point is not None:
+        for s in kernel_sizes(k):
+            lo, hi = ctx.ranges.get(s, (1, None))
+            ctx.hints[s] = max(lo, point if hi is None else min(hi, point))
+    try:
+        yield
+    finally:
+        ctx.hints.clear()
+        ctx.hints.update(saved)
+
+
+def _names(fns: list[TritonFunction]) -> tuple:
+    """What a variant runs: its functions' code and launch shapes (names aside)."""
+    return tuple((f.source.replace(f"def {f.name}(", "def _(", 1), f.num_warps, f.num_stages,
+                  tuple(sorted(f.constexprs.items())), tuple(str(g) for g in f.grid))
+                 for f in fns)
 
 
 # ---- weight layout ---------------------------------------------------------------------------
@@ -172,7 +224,8 @@ def _launch(f: TritonFunction, k: Kernel, temps: dict[str, int], warp: int) -> d
 def _attach(plans: dict, compiled: dict[str, Binary]) -> None:
     """Fill in what only the compile knows: shared memory, warps (threads), the ABI, binaries."""
     for plan in plans.values():
-        for launch in plan["launches"]:
+        for launch in [*plan["launches"], *(x for v in plan.get("variants", ())
+                                              for x in v["launches"])]:
             b = compiled[launch["fn"]]
             warp = 64 if "hsaco" in b.images else 32
             launch.update(shared=b.shared, num_warps=b.num_warps, block=[warp * b.num_warps, 1, 1],

@@ -6,6 +6,8 @@ listing all axes, its bounds clamped symbolically where the dim is symbolic.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
@@ -143,7 +145,10 @@ def slice_bounds(n, start, end, step: int):
     def clamp(v, default):
         if v is None:
             return default
-        if isinstance(v, int) and v < 0:
+        if isinstance(v, int) and v >= sys.maxsize - 1:  # torch's "to the end"
+            return n
+        hi = v if isinstance(v, int) else sym.bounds(v)[1]
+        if hi is not None and hi < 0:  # from the end (a size such as -seq, too)
             v = n + v
         return sym.smin(sym.smax(v, 0), n)
 

@@ -20,7 +20,7 @@ from ...errors import DeployError, ModelError, UnsupportedOpsError
 from ...graph_ir import sym
 from ...graph_ir.builder import Builder
 from ...graph_ir.graph import Graph, Value
-from ...graph_ir.sym import Sym, symbol_name
+from ...graph_ir.sym import Sym, SymbolicError, symbol_name
 from ...graph_ir.types import TensorType
 from .registry import ATEN, TorchCtx, dtype_of, missing_core_ops, op_name, to_numpy
 from .symbolic import export_range, is_symbolic, shape_env_of, user_names
@@ -291,7 +291,7 @@ def _bind_symbols(cx, ep, user, shapes, bind, dynamic_shapes, report) -> None:
             order += [s for s in sorted(expr.free_symbols, key=str) if s not in order]
     names = _symbol_names(order, where, user, vals, dynamic_shapes)
     bind = {str(k): int(v) for k, v in (bind or {}).items()}
-    bound, dynamic, origin = {}, {}, {}
+    bound, dynamic = {}, {}
     for s in order:
         name = names[s]
         value, src = None, None
@@ -313,7 +313,11 @@ def _bind_symbols(cx, ep, user, shapes, bind, dynamic_shapes, report) -> None:
         dynamic[name] = {"input": None if k is None else user[k].name, "dim": d,
                          "symbol": str(s), "bound_to": value, "from": src or "symbolic",
                          "range": [lo, hi]}
-        origin[name] = src
+    unread = [names[s] for s in order if s not in where and isinstance(cx.symbols[s], Sym)]
+    if unread:  # the runtime reads each symbol off an input dim that is exactly that symbol
+        raise SymbolicError(f"dynamic dim(s) {', '.join(unread)} appear only in derived input "
+                            "dims (such as 2*h), so their sizes cannot be read off the inputs",
+                            unread)
     for k, node in enumerate(user):  # a --shape must agree with the dims it does not bind
         if node.name in shapes and isinstance(vals[k], torch.Tensor):
             _check_override(cx, node, vals[k], shapes[node.name])
@@ -331,10 +335,15 @@ def _check_override(cx, node, val, override) -> None:
         raise ModelError(f"--shape {node.name}: rank {len(override)} given, the program's input "
                          f"has rank {len(val.shape)} ({list(val.shape)})")
     for d, (size, want) in enumerate(zip(val.shape, override)):
+        if not is_symbolic(size):
+            continue  # a static dim: _user_input says it may not change
         got = cx.size(size)
         if isinstance(got, Sym):
             raise ModelError(f"--shape {node.name}: dim {d} is {size}, which the given sizes "
                              "do not determine (bind its symbols with dims=)")
+        if got != int(want):
+            raise ModelError(f"--shape {node.name}: dim {d} ({size}) is {got}, bound by another "
+                             f"--shape or dims=, not {int(want)}")
 
 
 def _symbol_names(order, where, user, vals, dynamic_shapes) -> dict:

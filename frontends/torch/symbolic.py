@@ -95,10 +95,14 @@ def is_symbolic(x) -> bool:
 
 
 def bound_of(x) -> int | None:
-    """A finite sympy range bound as an int; None for torch's ``int_oo`` and sympy's ``oo``."""
+    """A finite sympy range bound as an int; None for torch's ``int_oo``, sympy's ``oo`` and
+    the ``sys.maxsize - 1`` a ``Dim`` with no ``max`` records."""
     if x is None or x in _INFINITE or not getattr(x, "is_finite", True):
         return None
-    return int(x)
+    return None if abs(int(x)) >= _OPEN else int(x)
+
+
+_OPEN = 2 ** 62  # bounds this large mean "no bound"
 
 
 def export_range(ep, symbol) -> tuple[int | None, int | None]:
