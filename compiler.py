@@ -29,12 +29,12 @@ from .errors import (
     UnsupportedOpsError,
     UsageError,
 )
+from .graph_ir import sym
 from .graph_ir.graph import Graph, Node, Value
 from .graph_ir.interpreter import interpret
 from .graph_ir.ops import Kind, movement, signal
 from .graph_ir.passes import precision, run_pipeline
 from .graph_ir.printer import print_graph
-from .graph_ir import sym
 from .graph_ir.sym import Sym, dim_json, free_symbols
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
@@ -43,11 +43,11 @@ from .tensor_ir.constants import inline_scalars
 from .tensor_ir.epilogue import fuse_epilogues
 from .tensor_ir.expr import Load, walk
 from .tensor_ir.fuse import lower_fused
+from .tensor_ir.kernel import size_bucket
 from .tensor_ir.lower import LOWERINGS, lower_node
 from .tensor_ir.memory import MemoryPlan, inplace_pairs, plan_memory
 from .tensor_ir.pack import pack_weights
 from .tensor_ir.schedule import default_schedule, stage_work
-from .tensor_ir.kernel import size_bucket
 from .tensor_ir.tuning_db import TuningDB, with_bucket
 from .variants import expand_shape_specs, merge_variants
 
@@ -606,8 +606,8 @@ ENTRY = "deploy_run"
 def _entry_point(plan: Plan) -> str:
     """``void deploy_run(void** v)``: the whole plan in one C call. ``v[id]`` points at value
     ``id`` (inputs, weights, arena slices, outputs); kernels run in order, views alias."""
-    lines = ["/* the whole launch plan; v[i] is value i of the manifest, v[dims_slot] the "
-             "symbolic sizes' values */",
+    lines = [("/* the whole launch plan; v[i] is value i of the manifest, v[dims_slot] the "
+             "symbolic sizes' values */"),
              f"void {ENTRY}(void** v) {{"]
     for step in plan.steps:
         if step["kind"] == "kernel":

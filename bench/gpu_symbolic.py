@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from . import models
-from .symbolic import feed, is_text, max_positions, parse_timing, rel_error, sized_specs
+from .symbolic import feed, is_text, max_positions, parse_timing, rel_error
 
 SWEEP_TEXT = [(1, 1), (1, 7), (2, 16), (4, 64), (1, 128), (8, 128), (32, 128), (2, 512)]
 SWEEP_IMAGE = [1, 2, 3, 8, 32]

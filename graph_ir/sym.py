@@ -104,7 +104,7 @@ Mono = tuple  # sorted atoms, repeated for powers; () is the constant term
 class Sym:
     """A symbolic integer: ``terms`` maps monomials to nonzero coefficients."""
 
-    __slots__ = ("terms", "_hash")
+    __slots__ = ("_hash", "terms")
 
     def __init__(self, terms: dict):
         self.terms = tuple(sorted(terms.items(), key=lambda kv: [_atom_key(a) for a in kv[0]]))

@@ -37,12 +37,12 @@ import numpy as np
 
 from ..errors import ArtifactError, DeployError, InputError
 from . import dlpack
+from .arena import place
 from .artifact import read_artifact
 from .dlpack import DeviceArray
 from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu_plan import Plan, Runner, SlabPlans
 from .gpu_pool import OutputPool
-from .arena import place
 from .shapes import ShapeProgram, evaluate, shape_of
 from .specs import TensorSpec, validate_inputs
 

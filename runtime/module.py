@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ArtifactError, DeployError, InputError
+from .arena import place
 from .artifact import aligned_array, aligned_empty, read_artifact
 from .cpu_features import missing_features
 from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu import GpuModule, SymbolicGpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
-from .arena import place
 from .shapes import ShapeProgram, evaluate, is_symbolic, shape_of
 from .specs import TensorSpec, validate_inputs
 

@@ -16,6 +16,7 @@ from ..runtime.arena import place
 from .expr import Load, Reduce, walk
 from .kernel import Kernel, Stage
 
+
 @dataclass
 class MemoryPlan:
     offsets: dict[int, int]  # value id -> byte offset in the arena

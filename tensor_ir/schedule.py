@@ -7,7 +7,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..graph_ir.sym import Sym, hint
-
 from .attention import AttentionStage
 from .expr import (
     B,

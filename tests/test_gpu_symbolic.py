@@ -5,10 +5,9 @@ own layout, size parameters, grids and launch order) and, marked ``gpu``, on a r
 """
 from __future__ import annotations
 
+import deploy
 import numpy as np
 import pytest
-
-import deploy
 from deploy.backends.triton.interpret import InterpretDevice
 from deploy.bench import models
 from deploy.bench.symbolic import feed, rel_error

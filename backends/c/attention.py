@@ -181,8 +181,8 @@ def _softmax(r, sp, skp: int, rb: int, ind: str) -> list[str]:
     return [f"{ind}float inv_[{rb}];",
             f"{ind}for (int k_ = 0; k_ < {rb}; ++k_) {{",
             f"{ind}  float* sr_ = s_ + k_ * {c_size(skp)}; const int64_t h_ = hi_[k_];",
-            f"{ind}  const int64_t {LI.name} = i0_ + k_ < {c_size(sp.sq)} ? i0_ + k_ : "
-            f"{c_size(sp.sq - 1)};",
+            (f"{ind}  const int64_t {LI.name} = i0_ + k_ < {c_size(sp.sq)} ? i0_ + k_ : "
+            f"{c_size(sp.sq - 1)};"),
             f"{ind}  float m_ = -INFINITY;",
             f"{ind}  #pragma omp simd reduction(max:m_)",
             f"{ind}  for (int64_t {LJ.name} = 0; {LJ.name} < h_; ++{LJ.name}) {{",

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ...graph_ir.sym import SymbolicError, free_symbols, hint
 from ...graph_ir.types import DType
 from ...tensor_ir.attention import (  # noqa: F401  (re-exported for the Triton backend)

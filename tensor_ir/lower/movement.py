@@ -6,8 +6,8 @@ ScatterND ...) is a ``Load`` of the indices buffer inside the index expression.
 """
 from __future__ import annotations
 
-from ...graph_ir.sym import Sym, exact_div
 from ...graph_ir import ops
+from ...graph_ir.sym import Sym, exact_div
 from ...graph_ir.types import DType
 from ..expr import INDEX, B, Expr, R, Reduce, binary, cast, const, select
 from ..kernel import compute, reduce_vars, scatter

@@ -6,12 +6,10 @@ trips leave the accumulator at its identity).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ...graph_ir import ops
 from ...graph_ir.ops.reduction import highest, lowest
-from ...graph_ir.types import DType
 from ...graph_ir.sym import Sym, smax
+from ...graph_ir.types import DType
 from ..expr import (
     INDEX,
     B,

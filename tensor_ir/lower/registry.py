@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ...graph_ir.sym import Sym
 from ...graph_ir.graph import Node
 from ...graph_ir.ops import OpDef
+from ...graph_ir.sym import Sym
 from ...graph_ir.types import DType
 from ..kernel import Buffer, Stage
 
