@@ -631,13 +631,13 @@ def _scratch_bytes(launch: dict, env: dict) -> int:
 def choose_variant(plan: dict, env: dict) -> list[dict]:
     """A kernel's launches at these sizes: of its size-class variants (compiled with every
     symbol at a size point), the one whose point is nearest, on a log scale, to the geometric
-    mean of the kernel's symbols here."""
+    mean of the kernel's symbols here (a tie goes to the larger point)."""
     variants = plan.get("variants")
     if not variants or not env:
         return plan["launches"]
     values = [max(env[s], 1) for s in plan["symbols"]]
-    mean = math.exp(sum(map(math.log, values)) / len(values))
-    best = min(variants, key=lambda v: abs(math.log(v["at"]) - math.log(mean)))
+    mean = sum(map(math.log, values)) / len(values)
+    best = min(variants, key=lambda v: (round(abs(math.log(v["at"]) - mean), 9), -v["at"]))
     return best["launches"]
 
 

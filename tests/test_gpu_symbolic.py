@@ -54,6 +54,33 @@ def test_gpu_instances_are_bounded(gpt2_tiny, tmp_path, monkeypatch):
             mod.run({"input_ids": np.ones((1, 3, 2), np.int64)})
 
 
+def test_size_class_variants_are_chosen_by_size(gpt2_tiny, tmp_path):
+    # GEMM and attention kernels carry a configuration per size point (an M=1 GEMV beside
+    # GEMM tiles); the runtime picks one from the sizes, with no recompilation
+    from deploy.runtime.gpu import choose_variant
+    art = deploy.compile(str(gpt2_tiny), target="h100", aot=False)
+    plans = art.manifest["gpu"]["kernels"]
+    varied = [p for p in plans.values() if "variants" in p]
+    assert varied, "no kernel has size-class variants"
+    plan = varied[0]
+    assert [v["at"] for v in plan["variants"]] == [1, 8, 32, 128]
+    fns = {v["at"]: [x["fn"] for x in v["launches"]] for v in plan["variants"]}
+    assert fns[1] != fns[128]  # a GEMV at M=1, tiles at thousands of rows
+    pick = {(b, s): choose_variant(plan, {"batch": b, "seq": s}) for b, s in
+            [(1, 1), (2, 7), (4, 64), (32, 128), (1000, 1000)]}
+    assert pick[1, 1] == plan["variants"][0]["launches"]
+    assert pick[2, 7] == plan["variants"][1]["launches"]  # geometric mean 3.7: nearest 8
+    assert pick[4, 64] == plan["variants"][2]["launches"]  # 16: between 8 and 32, the larger
+    assert pick[32, 128] == plan["variants"][3]["launches"]
+    assert pick[1000, 1000] == plan["variants"][3]["launches"]
+    specs = models.input_specs(gpt2_tiny)
+    with deploy.load(art.save(tmp_path / "m.dpk"), device=InterpretDevice()) as mod:
+        for size in ({"batch": 1, "seq": 1}, {"batch": 4, "seq": 64}):  # points 1 and 32
+            inputs = feed(specs, size)
+            err = rel_error(list(mod.run(inputs)), _ort(gpt2_tiny, inputs))
+            assert err <= 1e-5, f"{size}: error {err:.3g}"
+
+
 @pytest.mark.gpu
 def test_symbolic_artifact_on_the_gpu(gpt2_tiny, tmp_path):
     try:

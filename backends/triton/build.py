@@ -22,7 +22,8 @@ from ...graph_ir.sym import Sym, context, smax
 from ...tensor_ir.expr import Load, R, Reduce, transform, walk
 from ...tensor_ir.kernel import Buffer, Kernel, kernel_sizes
 from .fuse import fuse_stages
-from .render import TritonFunction, TritonRenderer
+from .attention import AttentionStage
+from .render import TritonFunction, TritonRenderer, contraction_of
 from .sizes import size_json
 from .toolchain import Binary, compile_functions, triton_version
 
@@ -56,8 +57,9 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
             with _hints(fused, point):
                 fns = [_shared(f, unique) for f in renderer.kernel(named,
                                                                    (tuned or {}).get(k.name))]
-            if all(_names(fns) != _names(other) for _, other in variants):
-                variants.append((point, fns))
+            variants.append((point, fns))  # equal ones share their functions (_shared)
+        if len({_names(fns) for _, fns in variants}) == 1:
+            variants = variants[:1]
         temps, temp_bytes = _temp_layout(fused, [f for _, fns in variants for f in fns])
         plan = {"launches": [_launch(f, fused, temps, warp) for f in variants[0][1]],
                 "temp_bytes": size_json(temp_bytes)}
@@ -96,13 +98,18 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
 
 # ---- size classes ----------------------------------------------------------------------------
 
-VARIANT_POINTS = (1, 16, 128)  # every symbol of a kernel at this size: one configuration each
+VARIANT_POINTS = (1, 8, 32, 128)  # every symbol of a kernel at this size: one configuration each
 
 
 def variant_points(k: Kernel) -> list:
-    """[None] for a kernel of fixed sizes; else the size points its configurations are chosen
-    at (tile shapes, blocks and warps fitted to an M of 1, of a few hundred, of thousands)."""
-    return list(VARIANT_POINTS) if kernel_sizes(k) else [None]
+    """The size points a kernel's configurations are chosen at: for a symbolic kernel with a
+    GEMM or attention stage (tiles, split-K and block counts fitted to the sizes), tile shapes
+    for an M of 1, of tens, of about a thousand and of thousands; [None] (the compile's hints)
+    for the others, whose one configuration suits every size."""
+    if kernel_sizes(k) and any(isinstance(st, AttentionStage) or contraction_of(st) is not None
+                               for st in k.stages):
+        return list(VARIANT_POINTS)
+    return [None]
 
 
 @contextlib.contextmanager

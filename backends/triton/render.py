@@ -104,6 +104,10 @@ class TritonRenderer:
     def kernel(self, k: Kernel, tuned: dict[int, dict] | None = None) -> list[TritonFunction]:
         """``tuned``: stage index -> a tuning record's launch parameters for that stage."""
         k = self.sizes.rename(k)
+        with self.sizes.hinted():
+            return self._kernel(k, tuned)
+
+    def _kernel(self, k: Kernel, tuned: dict[int, dict] | None) -> list[TritonFunction]:
         refs, owner = kernel_buffers(k)
         wide = any(hint(_numel(b.shape)) >= BIG for b in (*k.inputs, *k.outputs, *k.temps))
         plan = rows_plan(k)

@@ -11,9 +11,10 @@ tensors would pass 2**31 elements).
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
-from ...graph_ir.sym import Sym, free_symbols, to_json
+from ...graph_ir.sym import Sym, context, free_symbols, hint, to_json
 from ...tensor_ir.kernel import Kernel, map_sizes
 
 
@@ -57,6 +58,19 @@ class SizeParams:
             self._atoms[key] = f"sz_x{len(self._atoms)}"
             self.params[self._atoms[key]] = Sym.atom(atom)
         return self._atoms[key]
+
+    @contextlib.contextmanager
+    def hinted(self):
+        """Heuristics see each parameter at its size's hint (``sz_seq`` at ``seq``'s, ``sz_x0``
+        at its atom's), not at the default hint of an unknown symbol."""
+        ctx = context()
+        saved = dict(ctx.hints)
+        ctx.hints.update({p: max(1, hint(e)) for p, e in self.params.items()})
+        try:
+            yield
+        finally:
+            ctx.hints.clear()
+            ctx.hints.update(saved)
 
     def json(self) -> dict:
         """Parameter -> the expression over the model's symbols (the runtime's prefix form)."""
