@@ -1,6 +1,7 @@
 """Per-kernel GPU time of a compiled GPU artifact: where the time goes.
 
     python -m deploy.bench.gpu_profile model.dpk [--top 15] [--repeats 20] [--flush-l2] [--json F]
+        [--dim batch=1 --dim seq=128]
 
 Loads the artifact with the runtime's ``GpuModule`` (CUDA driver through ctypes), runs it once
 (which captures the CUDA graph), then launches every step of the plan on its own between CUDA
@@ -8,7 +9,9 @@ events (median of ``--repeats``; ``--flush-l2`` overwrites 256 MB before each, e
 launches share L2 as they do in the graph). Prints the top kernels by time with their node, op,
 template, grid, block and launch configuration, the time per template and per op, and the sum of
 all launches against one replay of the CUDA graph (graph replay removes launch gaps, so the sum
-is usually a little larger). Needs an NVIDIA GPU; imports neither torch nor triton.
+is usually a little larger). A symbolic artifact is profiled at the sizes ``--dim`` gives
+(every symbol; the kernels' size-class variants chosen as the runtime chooses them). Needs an
+NVIDIA GPU; imports neither torch nor triton.
 """
 from __future__ import annotations
 
@@ -22,11 +25,12 @@ import numpy as np
 CONFIG_KEYS = ("BM", "BN", "BK", "XBLOCK", "RBLOCK", "num_stages")
 
 
-def _feed(mod, seed: int = 0) -> dict:
+def _feed(mod, dims: dict | None = None, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     out = {}
     for s in mod.input_specs:
-        shape = tuple(int(d) for d in s.shape)
+        shape = tuple(int(d) if isinstance(d, int) or str(d).isdigit() else (dims or {})[str(d)]
+                      for d in s.shape)
         dt = np.dtype(s.dtype if s.dtype != "bfloat16" else "float32")
         if dt.kind == "f":
             out[s.name] = rng.standard_normal(shape).astype(dt)
@@ -37,8 +41,10 @@ def _feed(mod, seed: int = 0) -> dict:
     return out
 
 
-def launch_labels(manifest: dict) -> list[dict]:
-    """One label per launch, in the order ``GpuModule`` prepares them (steps, then launches)."""
+def launch_labels(manifest: dict, env: dict | None = None) -> list[dict]:
+    """One label per launch, in the order ``GpuModule`` prepares them (steps, then launches;
+    at the sizes ``env``, the size-class variant the runtime chooses)."""
+    from deploy.runtime.gpu import choose_variant
     by_symbol = {k["symbol"]: k["schedule"] for k in manifest["kernels"]}
     out = []
     for step in manifest["steps"]:
@@ -46,8 +52,10 @@ def launch_labels(manifest: dict) -> list[dict]:
             continue
         plan = manifest["gpu"]["kernels"][step["symbol"]]
         stages = by_symbol.get(step["symbol"], [])
-        for i, launch in enumerate(plan["launches"]):
-            s = stages[i] if i < len(stages) else {}
+        for i, launch in enumerate(choose_variant(plan, env or {})):
+            s = dict(stages[i]) if i < len(stages) and "variants" not in plan else {}
+            s.update({k: v for k, v in launch.get("constexprs", {}).items()
+                      if k in CONFIG_KEYS})
             out.append({"symbol": step["symbol"], "stage": s.get("stage", i),
                         "fn": launch["fn"], "node": step.get("node", ""),
                         "op": step.get("op", ""), "template": launch["template"],
@@ -60,20 +68,24 @@ def launch_labels(manifest: dict) -> list[dict]:
     return out
 
 
-def profile(path: str, repeats: int = 20, flush: bool = False) -> dict:
-    """Per-launch medians (ms) and the graph replay median (ms) of the artifact at ``path``."""
+def profile(path: str, repeats: int = 20, flush: bool = False, dims: dict | None = None) -> dict:
+    """Per-launch medians (ms) and the graph replay median (ms) of the artifact at ``path``
+    (a symbolic one at the sizes ``dims``)."""
     from deploy.backends.triton.tune import EventTimer
-    from deploy.runtime.gpu import GpuModule
-    mod = GpuModule(path)
-    feed = _feed(mod)
-    mod.run(feed)
-    mod.run(feed)  # the first run captured the graph; this one replays it
+    from deploy.runtime.artifact import read_artifact
+    from deploy.runtime.gpu import GpuModule, SymbolicGpuModule
+    symbolic = bool(read_artifact(path).manifest.get("symbols"))
+    outer = SymbolicGpuModule(path) if symbolic else GpuModule(path)
+    feed = _feed(outer, dims)
+    outer.run(feed)
+    outer.run(feed)  # the first run captured the graph; this one replays it
+    mod = outer.instance(feed) if symbolic else outer
     dev = mod.device
     timer = EventTimer(dev)
     launches = getattr(mod, "_launches", None)
     if launches is None:
         raise SystemExit("this runtime's GpuModule has no prepared launch list (_launches)")
-    labels = launch_labels(mod.manifest)
+    labels = launch_labels(mod.manifest, getattr(mod, "_env", None))
     if len(labels) != len(launches):
         raise SystemExit(f"{len(labels)} labels for {len(launches)} launches: manifest and "
                          "runtime disagree on the launch order")
@@ -128,10 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--flush-l2", action="store_true", help="overwrite 256 MB before each launch")
     p.add_argument("--json", help="write every launch's figures here")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="a symbol's size, for symbolic artifacts (repeatable)")
     a = p.parse_args(argv)
+    dims = {k: int(v) for k, v in (d.split("=", 1) for d in a.dim)}
     results = []
     for path in a.artifacts:
-        res = profile(path, a.repeats, a.flush_l2)
+        res = profile(path, a.repeats, a.flush_l2, dims)
         results.append(res)
         print(report(res, a.top), flush=True)
         print()
