@@ -222,8 +222,9 @@ class Sym:
     def __str__(self) -> str:
         parts = []
         for m, c in self.terms:
+            alone = len(m) == 1 and c == 1  # a // or % atom needs parentheses in a product
             body = "*".join(a if isinstance(a, str) else str(a) if a.kind in ("max", "min")
-                            or len(m) == 1 else f"({a})" for a in m)
+                            or alone else f"({a})" for a in m)
             if not body:
                 parts.append(str(c))
             elif c == 1:

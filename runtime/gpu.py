@@ -532,6 +532,10 @@ class SymbolicGpuModule:
             if int(np.prod(shape, dtype=np.int64)) >= INDEX_LIMIT:
                 raise InputError(f"sizes {env} make value {vid} {list(shape)} reach 2**31 "
                                  "elements, past the GPU kernels' 32-bit indexing")
+        for name, plan in self.gpu["kernels"].items():  # split-K workspaces (fp32) too
+            if _size(plan.get("temp_bytes", 0), full) // 4 >= INDEX_LIMIT:
+                raise InputError(f"sizes {env} make kernel {name}'s workspace reach 2**31 "
+                                 "elements, past the GPU kernels' 32-bit indexing")
         return GpuModule(self.path, self._contents, self.device, env=full,
                          constants=self._constants)
 
@@ -629,16 +633,18 @@ def _scratch_bytes(launch: dict, env: dict) -> int:
 
 
 def choose_variant(plan: dict, env: dict) -> list[dict]:
-    """A kernel's launches at these sizes: of its size-class variants (compiled with every
-    symbol at a size point), the one whose point is nearest, on a log scale, to the geometric
-    mean of the kernel's symbols here (a tie goes to the larger point)."""
+    """A kernel's launches at these sizes: of its size-class variants (each compiled with its
+    symbols at a point such as ``{"batch": 1, "seq": 128}``), the one nearest to the sizes
+    here, by the sum over symbols of the distance on a log scale (a tie goes to the larger)."""
     variants = plan.get("variants")
     if not variants or not env:
         return plan["launches"]
-    values = [max(env[s], 1) for s in plan["symbols"]]
-    mean = sum(map(math.log, values)) / len(values)
-    best = min(variants, key=lambda v: (round(abs(math.log(v["at"]) - mean), 9), -v["at"]))
-    return best["launches"]
+
+    def distance(v):
+        at = v["at"]
+        return (round(sum(abs(math.log(at[s]) - math.log(max(env[s], 1))) for s in at), 9),
+                -sum(at.values()))
+    return min(variants, key=distance)["launches"]
 
 
 # binary kind -> the driver API that loads it

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .onnx_node import run_onnx_node
+
 HOST_OPS: dict = {}
 
 
@@ -85,3 +87,6 @@ def non_max_suppression(ins, attrs):
                     keep.append(i)
             picked += [(b, c, i) for i in keep]
     return [np.array(picked, dtype=np.int64).reshape(-1, 3)]
+
+
+HOST_OPS["OnnxNode"] = run_onnx_node  # one ONNX node at run time (runtime/onnx_node.py)

@@ -348,3 +348,15 @@ def test_shape_program_binds_and_checks():
     assert rt_shapes.input_shapes(MANIFEST, {"seq": 3, "n": 6}) == [(1, 3), (1, 3), (6, 7, 4)]
     with pytest.raises(InputError, match="unknown symbolic dim"):
         rt_shapes.input_shapes(MANIFEST, {"len": 3})
+
+
+def test_text_of_an_expression_evaluates_to_its_value():
+    # generated Triton code uses str(): a // or % atom inside a product keeps its parentheses
+    from deploy.graph_ir.sym import Sym, evaluate
+    r, s = Sym.symbol("r"), Sym.symbol("s")
+    exprs = [4 * ((r + 15) // 16), -((r + 15) // 16), 3 * ((r + 1) % 5) + s,
+             r * ((s + 63) // 64), 2 * ((r * s + 127) // 128) * 9, (r + 15) // 16]
+    for e in exprs:
+        for rv, sv in [(1, 1), (40, 7), (129, 300)]:
+            env = {"r": rv, "s": sv}
+            assert eval(str(e), {}, dict(env)) == evaluate(e, env), str(e)

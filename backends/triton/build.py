@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 from pathlib import Path
 
 from ...errors import NotImplementedYetError
@@ -54,13 +55,13 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
         for point in variant_points(fused):
             named = fused if not variants else dataclasses.replace(
                 fused, name=f"{fused.name}_v{len(variants)}")
-            with _hints(fused, point):
+            with _hints(point):
                 fns = [_shared(f, unique) for f in renderer.kernel(named,
                                                                    (tuned or {}).get(k.name))]
             variants.append((point, fns))  # equal ones share their functions (_shared)
         if len({_names(fns) for _, fns in variants}) == 1:
             variants = variants[:1]
-        temps, temp_bytes = _temp_layout(fused, [f for _, fns in variants for f in fns])
+        temps, temp_bytes = _temp_layout(fused, [fns for _, fns in variants])
         plan = {"launches": [_launch(f, fused, temps, warp) for f in variants[0][1]],
                 "temp_bytes": size_json(temp_bytes)}
         if len(variants) > 1:  # the runtime picks one per set of sizes (choose_variant)
@@ -98,29 +99,32 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
 
 # ---- size classes ----------------------------------------------------------------------------
 
-VARIANT_POINTS = (1, 8, 32, 128)  # every symbol of a kernel at this size: one configuration each
+VARIANT_POINTS = (1, 8, 32, 128)  # sizes each symbol of a kernel takes in its size classes
+MAX_VARIANT_SYMBOLS = 2  # more symbols: every symbol at the same point (a diagonal)
 
 
 def variant_points(k: Kernel) -> list:
     """The size points a kernel's configurations are chosen at: for a symbolic kernel with a
-    GEMM or attention stage (tiles, split-K and block counts fitted to the sizes), tile shapes
-    for an M of 1, of tens, of about a thousand and of thousands; [None] (the compile's hints)
-    for the others, whose one configuration suits every size."""
-    if kernel_sizes(k) and any(isinstance(st, AttentionStage) or contraction_of(st) is not None
-                               for st in k.stages):
-        return list(VARIANT_POINTS)
-    return [None]
+    GEMM or attention stage (tiles, split-K and block counts fitted to the sizes), every
+    combination of ``VARIANT_POINTS`` over its symbols (``{"batch": 1, "seq": 128}``, ...);
+    [None] (the compile's hints) for the others, whose one configuration suits every size."""
+    syms = sorted(kernel_sizes(k))
+    if not syms or not any(isinstance(st, AttentionStage) or contraction_of(st) is not None
+                           for st in k.stages):
+        return [None]
+    if len(syms) > MAX_VARIANT_SYMBOLS:
+        return [dict.fromkeys(syms, p) for p in VARIANT_POINTS]
+    return [dict(zip(syms, combo)) for combo in itertools.product(VARIANT_POINTS, repeat=len(syms))]
 
 
 @contextlib.contextmanager
-def _hints(k: Kernel, point):
-    """The compile's hints with every symbol of ``k`` at ``point`` (within its range)."""
+def _hints(point: dict | None):
+    """The compile's hints with each symbol of ``point`` at its size there (within its range)."""
     ctx = context()
     saved = dict(ctx.hints)
-    if point is not None:
-        for s in kernel_sizes(k):
-            lo, hi = ctx.ranges.get(s, (1, None))
-            ctx.hints[s] = max(lo, point if hi is None else min(hi, point))
+    for s, size in (point or {}).items():
+        lo, hi = ctx.ranges.get(s, (1, None))
+        ctx.hints[s] = max(lo, size if hi is None else min(hi, size))
     try:
         yield
     finally:
@@ -196,17 +200,24 @@ def _shared(f: TritonFunction, unique: dict) -> TritonFunction:
     return f if first is f else dataclasses.replace(f, name=first.name, source=first.source)
 
 
-def _temp_layout(k: Kernel, fns: list[TritonFunction] = ()) -> tuple[dict[str, int], int]:
-    """Offsets in the scratch region of the kernel's temporaries and of its functions'
-    workspaces (split-K partial sums); the region's size."""
+def _temp_layout(k: Kernel, variants: list[list[TritonFunction]] = ()
+                 ) -> tuple[dict[str, int], int]:
+    """Offsets in the scratch region of the kernel's temporaries, then of its functions'
+    workspaces (split-K partial sums), each size-class variant's from the same place (one
+    variant runs per launch); the region's size."""
     offsets, at = {}, 0
-    sizes = {t.name: smax(t.numel, 1) * t.dtype.itemsize for t in k.temps}
-    for f in fns:
-        sizes.update(f.workspace)
-    for name, nbytes in sizes.items():
-        offsets[name] = at
-        at += _align(nbytes)
-    return offsets, at
+    for t in k.temps:
+        offsets[t.name] = at
+        at += _align(smax(t.numel, 1) * t.dtype.itemsize)
+    end = at
+    for fns in variants or [[]]:
+        mine = at
+        for f in fns:
+            for name, nbytes in f.workspace.items():
+                offsets[name] = mine
+                mine += _align(nbytes)
+        end = smax(end, mine)
+    return offsets, end
 
 
 def _launch(f: TritonFunction, k: Kernel, temps: dict[str, int], warp: int) -> dict:

@@ -403,11 +403,10 @@ class StageRenderer:
         """The configuration's split of K, 1 when it cannot apply (K shorter than two slices,
         partial sums beyond 32-bit offsets)."""
         split = max(1, int(getattr(cfg, "split_k", 1) or 1))
-        if split == 1 or self.wide or any(isinstance(x, Sym) for x in (*st.extents, c.k)):
-            return 1  # (sizes known at run time: no split)
-        if c.k < 2 * cfg.bk or \
-                split * _numel(st.extents) >= BIG:
-            return 1
+        if split == 1 or self.wide or isinstance(c.k, Sym):
+            return 1  # (a K known only at run time: no split)
+        if c.k < 2 * cfg.bk or split * hint(_numel(st.extents)) >= BIG:
+            return 1  # (symbolic: the runtime refuses sizes whose workspace passes 2**31)
         while split > 1 and split_chunk(c.k, split, cfg.bk) * (split - 1) >= c.k:
             split -= 1  # a slice would be empty (a tuned split for another K, say)
         return split
@@ -440,20 +439,20 @@ class StageRenderer:
 
     def _split_sum(self, st: Stage, epi: Expr, ws: str, split: int, points: int
                    ) -> TritonFunction:
-        cfg = pointwise_config(points)
+        cfg = pointwise_config(hint(points))
         em = self.em
         em.param(st.out)
         wsp = em.param(ws).param
         em.emit(f"xidx = {self._flat_index(points, 'XBLOCK')}")
-        em.emit(f"xmask = xidx < {points}")
+        em.emit(f"xmask = xidx < {S(points)}")
         em.emit(f"acc = tl.load({wsp} + xidx, mask=xmask, other=0)")
         for s in range(1, split):  # fixed order: the same sum on every run
-            em.emit(f"acc += tl.load({wsp} + ({s * points} + xidx), mask=xmask, other=0)")
+            em.emit(f"acc += tl.load({wsp} + ({S(s * points)} + xidx), mask=xmask, other=0)")
         em.decompose("xidx", st.vars, st.extents)
         em.env[Var("acc", DType.float32)] = "acc"
         value = em.expr(epi, "xmask")
         self._store(st, value, "xmask", "xidx")
-        return self._function("splitk_sum", {"XBLOCK": cfg.block}, (-(-points // cfg.block),),
+        return self._function("splitk_sum", {"XBLOCK": cfg.block}, (cdiv(points, cfg.block),),
                               cfg, {"split_k": split})
 
     def _operand(self, e: Expr, kname: str, kexpr: str, inside: str | None, k_in: int | None,

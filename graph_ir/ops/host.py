@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...runtime.host_ops import HOST_OPS
 from ..types import DType
-from .registry import Kind, define
+from .registry import REQUIRED, Kind, define
 
 
 def host(name: str, shape_rule, dtype_rule, **attrs):
@@ -54,3 +54,18 @@ Unique = host("Unique", _unique_shape, lambda ins, a: [ins[0].dtype] + [DType.in
 # NonMaxSuppression: selected [batch, class, box] rows; inputs 2..4 are optional scalars.
 NonMaxSuppression = host("NonMaxSuppression", lambda ins, a: [("nms_count", 3)],
                          lambda ins, a: [DType.int64], center_point_box=0)
+
+
+def _onnx_node_shapes(ins, a):
+    """``out_dims``: per output, each dim an int, a data-dependent name (str), or ``(k, axis)``:
+    the size of input k's dim ``axis``."""
+    return [tuple(ins[d[0]].shape[d[1]] if isinstance(d, (tuple, list)) else d for d in dims)
+            for dims in a["out_dims"]]
+
+
+# One ONNX node evaluated at run time by ONNX's reference evaluator: the fallback for a node whose
+# converter needs an operand known only at run time (ReduceSum's axes, Reshape's shape ...).
+# ``model``: a one-node ONNX model, serialized and base64-encoded; ``op_type``: its op, for reports.
+OnnxNode = host("OnnxNode", _onnx_node_shapes,
+                lambda ins, a: [DType[name] for name in a["out_dtypes"]],
+                model=REQUIRED, op_type=REQUIRED, out_dims=REQUIRED, out_dtypes=REQUIRED)

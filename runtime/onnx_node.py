@@ -1,0 +1,73 @@
+"""The ``OnnxNode`` host op: one ONNX node evaluated at run time by ONNX's reference evaluator.
+
+The compiler emits it only where a node's converter needs an operand that is known only at run
+time (ReduceSum's axes, Reshape's shape, TopK's K ...): the output shape then depends on data, so
+no kernel can be generated for it. The node travels as a one-node ONNX model (base64 of its
+protobuf bytes); it is parsed with onnx's protobuf parser only. ``onnx`` is imported on the first
+call, so artifacts without such a node never need it.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import threading
+
+import numpy as np
+
+from ..errors import ArtifactError, InputError
+from .dtypes import is_raw, storage_dtype
+
+
+def run_onnx_node(ins: list, attrs: dict) -> list[np.ndarray]:
+    """Evaluate the node on ``ins`` (the one-node model's inputs, in order; None: omitted)."""
+    evaluator, lock, in_types, out_types = _evaluator(attrs["model"])
+    feeds = {name: _as(x, t) for name, x, t in zip(evaluator.input_names, ins, in_types)
+             if x is not None}
+    try:
+        with lock:
+            outs = evaluator.run(None, feeds)
+    except Exception as e:  # noqa: BLE001  (the reference evaluator raises many types)
+        raise InputError(f"host op OnnxNode ({attrs.get('op_type')}) failed on these inputs: "
+                         f"{type(e).__name__}: {e}") from None
+    outs = [_stored(np.asarray(o, dtype=t)) for o, t in zip(outs, out_types)]
+    _check_shapes(outs, ins, attrs)
+    return outs
+
+
+def _as(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Raw bits (bfloat16 as uint16, float8 and 4-bit types as uint8) as the type they hold."""
+    return x.view(dtype) if x.dtype != dtype and is_raw(dtype.name) else x
+
+
+def _stored(x: np.ndarray) -> np.ndarray:
+    """ml_dtypes' narrow types as the runtime stores them: their bits."""
+    return x.view(storage_dtype(x.dtype.name)) if is_raw(x.dtype.name) else x
+
+
+@functools.lru_cache(maxsize=256)
+def _evaluator(encoded: str):
+    """The evaluator of one serialized node (cached: a step's attrs hold the same string)."""
+    try:
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+    except ImportError:
+        raise ArtifactError("this artifact runs an ONNX node on the host (OnnxNode: an operand "
+                            "known only at run time) and needs the onnx package: pip install "
+                            "onnx") from None
+    model = onnx.ModelProto()
+    model.ParseFromString(base64.b64decode(encoded))
+    types = [[onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type) for vi in vis]
+             for vis in (model.graph.input, model.graph.output)]
+    return ReferenceEvaluator(model), threading.Lock(), *types
+
+
+def _check_shapes(outs: list, ins: list, attrs: dict) -> None:
+    """Kernels after the node were compiled for the sizes the compiler inferred; a different
+    size must stop here, not overrun their buffers."""
+    for k, (out, dims) in enumerate(zip(outs, attrs["out_dims"])):
+        want = [ins[d[0]].shape[d[1]] if isinstance(d, (list, tuple)) else d for d in dims]
+        ok = len(want) == out.ndim and all(isinstance(w, str) or w == n
+                                           for w, n in zip(want, out.shape))
+        if not ok:
+            raise InputError(f"host op OnnxNode ({attrs.get('op_type')}): output {k} has shape "
+                             f"{list(out.shape)}, but the artifact was compiled for {want}")
