@@ -22,8 +22,8 @@ from ...errors import NotImplementedYetError
 from ...graph_ir.sym import Sym, context, smax
 from ...tensor_ir.expr import Load, R, Reduce, transform, walk
 from ...tensor_ir.kernel import Buffer, Kernel, kernel_sizes
-from .fuse import fuse_stages
 from .attention import AttentionStage
+from .fuse import fuse_stages
 from .render import TritonFunction, TritonRenderer, contraction_of
 from .sizes import size_json
 from .toolchain import Binary, compile_functions, triton_version
