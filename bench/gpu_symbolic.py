@@ -80,6 +80,7 @@ def bench_model(name: str, a) -> list[str]:
     path = models.model_path(name, tiny=a.tiny, dynamic=True)
     specs = models.input_specs(path)
     sym, sym_s = _compile(path, a.target, a.dtype)
+    print(f"{name}: symbolic compile {sym_s:.1f} s", flush=True)
     sess = _ort(path)
     rows, fails = [], 0
     for size in _sizes(specs, max_positions(name, a.tiny), a.sweep == "short"):
@@ -89,6 +90,7 @@ def bench_model(name: str, a) -> list[str]:
         ok = err <= TOLERANCE[a.dtype]
         fails += not ok
         rows.append(f"| {name} | {_text(size)} | {err:.2e} | {'PASS' if ok else 'FAIL'} |")
+        print(rows[-1], flush=True)  # as it comes: a run cut off keeps what it measured
     timing = parse_timing(a.timing)["text" if is_text(specs) else "image"]
     trows = []
     for shape in timing:
@@ -103,11 +105,11 @@ def bench_model(name: str, a) -> list[str]:
                      f"{ms_sym / ms_static:.3f} | {_ms(gpu_sym)} | {_ms(gpu_static)} | "
                      f"{len(inst._launches)} / {len(static._launches)} | {sym_s:.1f} | "
                      f"{static_s:.1f} |")
+        print(trows[-1], flush=True)
         if inst.graph_error or static.graph_error:
             print(f"graph errors: {inst.graph_error!r} {static.graph_error!r}")
         static.close()
     sym.close()
-    print("\n".join(rows + trows), flush=True)
     return rows, trows, fails
 
 
