@@ -17,6 +17,7 @@ from ...graph_ir.graph import Graph, Value
 from ...graph_ir.sym import Sym, SymbolicError, free_symbols, symbol_name
 from ...graph_ir.types import DType, TensorType
 from .expand import expand_functions, lacks
+from .host_fallback import check_data_dependent_reads, host_node
 from .registry import CONVERTERS, DEFAULT_DOMAINS, NeedsConstant, OnnxCtx, op_key
 
 
@@ -96,23 +97,34 @@ def _all_nodes(g: onnx.GraphProto):
 
 def import_onnx(model, shapes: dict[str, tuple] | None = None,
                 constant_inputs: dict[str, np.ndarray] | None = None,
-                source: str = "model", bind: dict[str, int] | None = None) -> tuple[Graph, dict]:
+                source: str = "model", bind: dict[str, int] | None = None,
+                host_fallback: bool | None = None) -> tuple[Graph, dict]:
     """Convert to a graph IR. ``shapes`` binds input dims and ``bind`` named dims
     (symbol -> size); dims left unbound stay symbolic (``sym.Sym``; anonymous ones are named
     ``<input>_dim<k>``).
     ``constant_inputs`` turns graph inputs into constants (used for shape specialization).
+    ``host_fallback``: a node whose converter needs an operand known only at run time
+    (``NeedsConstant``) runs on the host at run time (``host_node``: an ``OnnxNode``) instead
+    of failing; on by default unless ``constant_inputs`` is given (that caller specializes such
+    operands to constants instead: the ONNX backend).
     Returns the graph and a report (bound dims, opset)."""
     proto, model_dir = load_model(model)
     missing = unsupported_nodes(proto)
     if missing:
         raise UnsupportedOpsError(missing, source)
-    cx = OnnxCtx(Builder(proto.graph.name or "model"), opset_of(proto), model_dir=model_dir)
+    if host_fallback is None:  # a caller passing constant_inputs specializes on NeedsConstant
+        host_fallback = constant_inputs is None
+    cx = OnnxCtx(Builder(proto.graph.name or "model"), opset_of(proto), model_dir=model_dir,
+                 host_fallback=host_fallback,
+                 opsets={imp.domain: imp.version for imp in proto.opset_import})
     bound: dict[str, int] = dict(bind or {})
     env = _bind_inputs(cx, proto.graph, shapes or {}, constant_inputs or {}, bound)
     outputs = convert_graph(cx, proto.graph, env)
     names = [o.name for o in proto.graph.output]
     _check_tensor_outputs(proto.graph, outputs)
-    return cx.b.finish(outputs, names), {"opset": cx.opset, "bound_dims": bound}
+    graph = cx.b.finish(outputs, names)
+    check_data_dependent_reads(graph)
+    return graph, {"opset": cx.opset, "bound_dims": bound}
 
 
 def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> list[Value]:
@@ -130,7 +142,9 @@ def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> lis
         except NeedsConstant as e:
             if not getattr(e, "where", ""):
                 e.where = f"node '{node.name}' ({node.op_type}, opset {cx.opset})"
-            raise
+            outs = host_node(cx, node, env) if cx.host_fallback else None
+            if outs is None:
+                raise
         except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
             raise ModelError(f"node '{node.name}' ({node.op_type}, opset {cx.opset}): {e}") from e
         for name, v in zip(node.output, outs):

@@ -34,6 +34,10 @@ class OnnxCtx:
     node: onnx.NodeProto | None = None
     model_dir: str | None = None
     env: dict = field(default_factory=dict)  # ONNX names in scope (subgraphs read outer ones)
+    # NeedsConstant -> the node runs on the host at run time (``OnnxNode``) instead of failing;
+    # off for callers that specialize the operand to a constant instead (the ONNX backend)
+    host_fallback: bool = False
+    opsets: dict = field(default_factory=dict)  # domain -> version: the model's opset imports
 
     def attrs(self, node: onnx.NodeProto) -> dict:
         return {a.name: _attr_value(a) for a in node.attribute}
