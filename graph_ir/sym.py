@@ -349,6 +349,19 @@ def smin(a, b):
     return _minmax("min", a, b)
 
 
+def size_max(a, b):
+    """An upper bound of ``max(a, b)`` for sizes (non-negative at every value of their
+    symbols): the term-by-term maximum when every coefficient is non-negative, exact when the
+    two share their monomials (``4*n`` and ``12*n`` give ``12*n``); else ``smax``. Unlike a
+    chain of ``smax`` over many buffers (nested atoms), it stays a flat sum."""
+    if not isinstance(a, Sym) and not isinstance(b, Sym):
+        return max(a, b)
+    ta, tb = _lift(a)._dict(), _lift(b)._dict()
+    if any(c < 0 for c in (*ta.values(), *tb.values())):
+        return smax(a, b)
+    return Sym.make({m: max(ta.get(m, 0), tb.get(m, 0)) for m in {*ta, *tb}})
+
+
 def _minmax(kind: str, a, b):
     if not isinstance(a, Sym) and not isinstance(b, Sym):
         return max(a, b) if kind == "max" else min(a, b)

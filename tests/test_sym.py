@@ -360,3 +360,16 @@ def test_text_of_an_expression_evaluates_to_its_value():
         for rv, sv in [(1, 1), (40, 7), (129, 300)]:
             env = {"r": rv, "s": sv}
             assert eval(str(e), {}, dict(env)) == evaluate(e, env), str(e)
+
+
+def test_size_max_stays_flat():
+    # a bound over many buffers: term-by-term, exact on shared monomials, no nested max atoms
+    from deploy.graph_ir.sym import Sym, evaluate, size_max
+    b, s = Sym.symbol("b"), Sym.symbol("s")
+    acc = 0
+    for k in range(1, 40):
+        acc = size_max(acc, (k % 7) * b * s * 768 + 256 * (k % 3) + (k % 5) * b * s * s)
+    assert acc == 6 * 768 * b * s + 512 + 4 * b * s * s
+    for env in ({"b": 1, "s": 1}, {"b": 3, "s": 70}):
+        assert evaluate(acc, env) >= max(evaluate(x, env) for x in (6 * 768 * b * s, 512))
+    assert size_max(3, 5) == 5

@@ -19,7 +19,7 @@ import itertools
 from pathlib import Path
 
 from ...errors import NotImplementedYetError
-from ...graph_ir.sym import Sym, context, smax
+from ...graph_ir.sym import Sym, context, size_max, smax
 from ...tensor_ir.expr import Load, R, Reduce, transform, walk
 from ...tensor_ir.kernel import Buffer, Kernel, kernel_sizes
 from .attention import AttentionStage
@@ -70,7 +70,7 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
                                                           for f in fns]}
                                 for point, fns in variants]
         plans[k.name] = plan
-        scratch = smax(scratch, temp_bytes)
+        scratch = size_max(scratch, temp_bytes)
         info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
                      "tuned": k.name in (tuned or {}),
                      "schedule": [_describe(f) for f in variants[0][1]],
@@ -212,11 +212,12 @@ def _temp_layout(k: Kernel, variants: list[list[TritonFunction]] = ()
     end = at
     for fns in variants or [[]]:
         mine = at
-        for f in fns:
-            for name, nbytes in f.workspace.items():
-                offsets[name] = mine
-                mine += _align(nbytes)
-        end = smax(end, mine)
+        spaces = [kv for f in fns for kv in f.workspace.items()]
+        for i, (name, nbytes) in enumerate(spaces):
+            offsets[name] = mine  # aligned: every offset before the last end is
+            last = i == len(spaces) - 1
+            mine += nbytes if last and isinstance(nbytes, Sym) else _align(nbytes)
+        end = size_max(end, mine)  # (flat sums: a max over many variants would nest)
     return offsets, end
 
 
