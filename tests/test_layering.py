@@ -45,13 +45,19 @@ def package_modules() -> dict[str, Path]:
     mods = {}
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
-        if rel.parts[0] in NOT_PACKAGE or any(p.endswith(".egg-info") for p in rel.parts):
-            continue
+        if rel.parts[0] in NOT_PACKAGE or not _in_package(rel):
+            continue  # (a .venv, build/ or cache inside the checkout is not the package)
         parts = ["deploy", *rel.with_suffix("").parts]
         if parts[-1] == "__init__":
             parts.pop()
         mods[".".join(parts)] = path
     return mods
+
+
+def _in_package(rel: Path) -> bool:
+    """Every folder from the root down to the file is a package (has an ``__init__.py``)."""
+    return all((ROOT / Path(*rel.parts[:k]) / "__init__.py").exists()
+               for k in range(1, len(rel.parts)))
 
 
 def imports_of(module: str, path: Path) -> set[str]:
