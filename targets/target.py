@@ -138,7 +138,20 @@ def parse_target(path: Path) -> Target:
     data["cc_flags"] = tuple(str(x) for x in data.get("cc_flags", ()))
     data["peak_tflops"] = tuple(sorted((str(k), float(v))
                                        for k, v in data.get("peak_tflops", {}).items()))
+    if data.get("arch") == "native" and data.get("kind") == "cpu":
+        data["vector_bits"] = min(data.get("vector_bits", 128), native_vector_bits())
     return Target(**data, source=str(path))
+
+
+def native_vector_bits() -> int:
+    """The widest vectors this CPU runs natively (x86-64: 512 with AVX-512, 256 with AVX2);
+    a ``native`` target's ``vector_bits`` is capped by it (512-bit tiles on an AVX2 CPU would
+    spill half their accumulators). 512 where the flags cannot be read (the compiler decides)."""
+    from ..runtime.cpu_features import host_flags
+    flags = host_flags()
+    if flags is None:
+        return 512
+    return 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
 
 
 def _yaml_where(e: yaml.YAMLError) -> str:

@@ -153,3 +153,13 @@ def test_cross_target_without_cross_compiler_says_how(monkeypatch):
                        [("y", np.float32, [2])])
     with pytest.raises(TargetError, match="aarch64-linux-gnu code .* set CC to a cross compiler"):
         deploy.compile(model, target="aarch64-neon")
+
+
+def test_native_target_vectors_fit_this_cpu(monkeypatch):
+    # 512-bit tiles on an AVX2 CPU spill half their accumulators: host caps vector_bits
+    from deploy.runtime import cpu_features
+    from deploy.targets import load_target
+    for flags, bits in (({"avx2", "fma"}, 256), ({"avx2", "avx512f"}, 512), ({"sse4_2"}, 128)):
+        monkeypatch.setattr(cpu_features, "host_flags", lambda f=flags: frozenset(f))
+        assert load_target("host").vector_bits == bits
+    assert load_target("x86_64-avx512").vector_bits == 512  # named targets are as declared
