@@ -30,8 +30,9 @@ def test_packed_matmul_matches_ort_with_ragged_columns():
     shapes = [v["shape"] for v in art.manifest["values"].values()]
     (tile,) = [s["gemm_tile"] for k in art.manifest["kernels"] for s in k["schedule"]
                if "gemm_tile" in s]
-    nr = tile["nr"]  # the tile width the default rule fitted to 12 x 70
-    assert nr in (NR, 48)
+    nr = tile["nr"]  # the tile width the default rule fitted to 12 x 70 (and to host's vectors)
+    wide = deploy.targets.load_target("host").vector_bits == 512
+    assert nr in ((NR, 48) if wide else (16, 24, 32))
     assert [-(-n // nr), 40, nr] in shapes  # the packed weight: ceil(70 / nr) panels of 40 x nr
     assert len(art.manifest["constants"]) == 1  # the unpacked original is not shipped
     check_against_ort(model, {"x": rng.standard_normal((12, 40)).astype(np.float32)})
