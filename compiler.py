@@ -548,7 +548,7 @@ def _build(plan: Plan, tgt: Target, dump: Path | None,
            db: TuningDB | None = None) -> tuple[dict[str, bytes], list[dict]]:
     if not plan.kernels:
         return {}, []
-    renderer = CRenderer(plan.symbols)
+    renderer = CRenderer(plan.symbols, tgt.vector_bits)
     sources, info = [], []
     feats = target_features(tgt)
     kernel_steps = [s for s in plan.steps if s["kind"] == "kernel"]

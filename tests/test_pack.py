@@ -60,3 +60,15 @@ def _cpu_has(flag: str) -> bool:
         return flag in open("/proc/cpuinfo").read().split()
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("target,vector", [("x86_64-avx512", "dp_f32x16"), ("x86_64-avx2", "dp_f32x8")])
+def test_gemm_accumulators_are_native_vectors(target, vector, tmp_path):
+    # 16-float vectors on a 256-bit target are lowered by gcc through the stack (each
+    # accumulator spilled every step): AVX2 micro-kernels use 8-float vectors
+    rng = np.random.default_rng(3)
+    model = make_model([helper.make_node("MatMul", ["x", "W"], ["y"])],
+                       [("x", np.float32, [24, 64])], [("y", np.float32, [24, 128])],
+                       {"W": rng.standard_normal((64, 128)).astype(np.float32)})
+    deploy.compile(model, target=target, dump_dir=str(tmp_path))
+    assert f"{vector} c0_0" in (tmp_path / "kernels.c").read_text()

@@ -98,6 +98,9 @@ static inline int64_t dp_floormod(int64_t a, int64_t b) { return dp_pymod_i(a, b
 static inline uint64_t dp_pymod_u(uint64_t a, uint64_t b) { return a % b; }
 static inline double dp_pymod_f(double a, double b) { double r = fmod(a, b); if (r == 0) return copysign(0.0, b); return ((r < 0) != (b < 0)) ? r + b : r; }
 static inline int64_t dp_ipow(int64_t a, int64_t b) { int64_t r = 1; if (b < 0) return 0; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+typedef float dp_f32x8 __attribute__((vector_size(32)));
+static inline dp_f32x8 dp_load8(const float* p) { dp_f32x8 v; memcpy(&v, p, 32); return v; }
+static inline void dp_store8(float* p, dp_f32x8 v) { memcpy(p, &v, 32); }
 typedef float dp_f32x16 __attribute__((vector_size(64)));
 static inline dp_f32x16 dp_load16(const float* p) { dp_f32x16 v; memcpy(&v, p, 64); return v; }
 static inline void dp_store16(float* p, dp_f32x16 v) { memcpy(p, &v, 64); }

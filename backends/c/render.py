@@ -47,7 +47,7 @@ from .sizes import c_size, size_var
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 
 F = "{f}"  # float-function suffix placeholder: "f" for float, "" for double
-VL = 16  # floats per vector register in the generated micro-kernels (dp_f32x16)
+VL = 16  # floats per vector in the generated micro-kernels at 512 bits (dp_f32x16); 8 below
 
 UNARY = {
     U.NEG: "(-{x})", U.ABS: "fabs{f}({x})", U.EXP: "exp{f}({x})", U.LOG: "log{f}({x})",
@@ -147,9 +147,12 @@ class CRenderer:
     artifact's symbolic sizes in the order of the dims array kernels receive after their
     buffers."""
 
-    def __init__(self, symbols: list[str] | None = None) -> None:
+    def __init__(self, symbols: list[str] | None = None, vector_bits: int = 512) -> None:
         self._tmp = 0
         self.symbols = list(symbols or [])
+        # GEMM micro-kernel vectors: a 16-float vector without AVX-512 is lowered by gcc through
+        # the stack (every accumulator spilled each k step); 8 floats fill a 256-bit register
+        self.vl = VL if vector_bits >= 512 else 8
 
     # ---- module / kernel ---------------------------------------------------------------
     def module(self, rendered: list[str]) -> str:
@@ -310,11 +313,12 @@ class CRenderer:
         return ["  {"] + lines + ["  }"]
 
     def _gemm_tile(self, red, a, b, epi, out, st, tile, ctype, mr, nr, ind) -> list[str]:
-        if ctype == "float" and nr % VL == 0:
+        if ctype == "float" and nr % self.vl == 0:
             return self._gemm_tile_vec(red, a, b, epi, out, st, tile, mr, nr, ind)
         if ctype == "float" and self._padded_panel(b, nr) and Var("jj_") not in set(walk(a)):
             # a narrow last tile over a zero-padded weight panel: whole vectors, fewer stores
-            return self._gemm_tile_vec(red, a, b, epi, out, st, tile, mr, -(-nr // VL) * VL,
+            return self._gemm_tile_vec(red, a, b, epi, out, st, tile, mr,
+                                       -(-nr // self.vl) * self.vl,
                                        ind, store=nr)
         lines = [f"{ind}{ctype} acc_[{mr}][{nr}];",
                  (f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) for (int jj_ = 0; jj_ < {nr}; ++jj_) "
@@ -351,17 +355,17 @@ class CRenderer:
         at column ``jj_`` and that width covers ``nr`` rounded up to whole vectors."""
         return (isinstance(b, Load) and b.index[-1] == Var("jj_")
                 and self.buffers[b.buf].dtype is DType.float32
-                and self.buffers[b.buf].shape[-1] >= -(-nr // VL) * VL)
+                and self.buffers[b.buf].shape[-1] >= -(-nr // self.vl) * self.vl)
 
     def _gemm_tile_vec(self, red, a, b, epi, out, st, tile, mr, nr, ind,
                        store: int | None = None) -> list[str]:
         """The same tile with explicit vector accumulators (GCC vector extensions), so the
-        compiler keeps all mr x nr/VL of them in registers. ``store``: how many of the nr
+        compiler keeps all mr x nr/vl of them in registers. ``store``: how many of the nr
         columns are real (the rest read a panel's zero padding and are dropped). An ``a``
         operand that reads along the columns too (depthwise: one channel per column) loads a
         vector per row instead of broadcasting one value."""
-        nv = nr // VL
-        lines = [f"{ind}dp_f32x16 " + ", ".join(f"c{i}_{v} = {{0}}" for i in range(mr)
+        nv = nr // self.vl
+        lines = [f"{ind}dp_f32x{self.vl} " + ", ".join(f"c{i}_{v} = {{0}}" for i in range(mr)
                                                 for v in range(nv)) + ";"]
         rvars = [v for v, _ in red.vars]
         depth = self._open_loops(lines, rvars, [n for _, n in red.vars], 0, ind)
@@ -374,7 +378,8 @@ class CRenderer:
             lines.append(f"{inner}}}")
             base = "bv_"
         for v in range(nv):
-            lines.append(f"{inner}const dp_f32x16 b{v} = dp_load16({base} + {v * VL});")
+            lines.append(f"{inner}const dp_f32x{self.vl} b{v} = "
+                         f"dp_load{self.vl}({base} + {v * self.vl});")
         lines += self._prefetch_next_panel(b, mr, lines, inner)
         row_vectors = Var("jj_") in set(walk(a))
         for i in range(mr):
@@ -383,14 +388,14 @@ class CRenderer:
                 guard = f"if ({self.expr(ai.cond, lines, inner)}) " if isinstance(ai, Select) else ""
                 av = self._contiguous_base(ai.a if guard else ai, lines, inner)
                 lines.append(f"{inner}{guard}{{ const float* a_ = {av}; " + " ".join(
-                    f"c{i}_{v} += dp_load16(a_ + {v * VL}) * b{v};" for v in range(nv)) + " }")
+                    f"c{i}_{v} += dp_load{self.vl}(a_ + {v * self.vl}) * b{v};" for v in range(nv)) + " }")
                 continue
             av = self.expr(ai, lines, inner)
             lines.append(f"{inner}{{ const float a_ = {av}; "
                          + " ".join(f"c{i}_{v} += a_ * b{v};" for v in range(nv)) + " }")
         self._close_loops(lines, depth, len(ind) // 2 - 1)
         lines.append(f"{ind}float tile_[{mr}][{nr}];")
-        lines += [f"{ind}dp_store16(&tile_[{i}][{v * VL}], c{i}_{v});"
+        lines += [f"{ind}dp_store{self.vl}(&tile_[{i}][{v * self.vl}], c{i}_{v});"
                   for i in range(mr) for v in range(nv)]
         tile_acc = Var("tile_[ii_][jj_]", red.dtype)
         epi = transform(epi, lambda e: tile_acc if isinstance(e, Var) and e.name == "acc_[ii_][jj_]"
@@ -414,8 +419,8 @@ class CRenderer:
         nxt = substitute(b, {jt: binary(B.MOD, jt + Const(width, DType.int64),
                                         Const(shape[0] * width, DType.int64))})
         base = self._contiguous_base(nxt, lines, ind)
-        n_lines = max(1, width // VL)
-        return [f"{ind}__builtin_prefetch({base} + ((it_ / {mr}) % {n_lines}) * {VL}, 0, 2);"]
+        n_lines = max(1, width // self.vl)
+        return [f"{ind}__builtin_prefetch({base} + ((it_ / {mr}) % {n_lines}) * {self.vl}, 0, 2);"]
 
     def _on_panel(self, b) -> bool:
         """Whether ``b`` reads a packed panel (``pack.py``): first index jt_ / nr."""
