@@ -649,8 +649,8 @@ def test_memory_stays_flat_over_many_sizes():
     """One module run at 50 seeded random sizes (from 10 distinct ones, all seen in the first 10
     runs; the largest first, so the arena and kernel scratch are at their final size). Python
     allocations (tracemalloc) after the last 40 runs stay within 64 KiB of the level after the
-    first 10, and RSS within 2 MiB (one leaked intermediate of the largest size per run would
-    be 36 MiB).
+    first 10, and RSS within 8 MiB (one leaked intermediate of the largest size per run would
+    be 36 MiB; late in a long test process, unrelated allocations moved RSS by 2.3 MiB).
     Then 140 distinct sizes: the module keeps 64 signatures, so the second 70 add nothing."""
     rng = np.random.default_rng(40)
     nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]),
@@ -680,7 +680,7 @@ def test_memory_stays_flat_over_many_sizes():
         gc.collect()
         traced50, rss50 = tracemalloc.get_traced_memory()[0], _rss_bytes()
         assert traced50 - traced10 < 64 * 1024, (traced10, traced50)
-        assert rss50 - rss10 < 2 * 2 ** 20, (rss10, rss50)
+        assert rss50 - rss10 < 8 * 2 ** 20, (rss10, rss50)
         compare(mod, model, {"x": randn(rng, *order[-1], 64)})  # still right after 50 runs
 
         sizes = [(b, s) for b in range(1, 9) for s in range(1, 113)]
