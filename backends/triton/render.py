@@ -16,7 +16,7 @@ Templates, chosen per stage in this order (first that applies):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...graph_ir.sym import Sym, hint
 from ...graph_ir.types import DType
@@ -36,6 +36,7 @@ from ...tensor_ir.expr import (
 )
 from ...tensor_ir.kernel import Kernel, Stage
 from ...tensor_ir.schedule import injective_store, operand_ok
+from ..device_code import GpuFunction as TritonFunction
 from .attention import AttentionStage, render_attention
 from .config import (
     GemmConfig,
@@ -46,29 +47,12 @@ from .config import (
     split_chunk,
 )
 from .exprs import PRELUDE, PTR_TYPE, BufRef, Emitter, S, compute_dtype, tl_type
+from .reduce_ops import _acc_dtype, _as_acc, _combine, _final, _init, _typed
 from .rows import render_rows, rows_plan
 from .sizes import SizeParams, cdiv, used_params
 
 BIG = 2 ** 31
 WS_PARAM = "p_splitk__ws"  # the split-K workspace's parameter (the same in every function)
-
-
-@dataclass
-class TritonFunction:
-    """One generated function and how to launch it."""
-    name: str
-    source: str
-    args: list[str]  # kernel buffer (storage) names, in parameter order
-    signature: dict[str, str]  # parameter -> triton type ("*fp32", or "constexpr")
-    constexprs: dict[str, int]
-    grid: tuple  # ints, or sizes over the ``sz_*`` parameters (sizes.py)
-    num_warps: int
-    num_stages: int
-    template: str
-    stage: int
-    meta: dict = field(default_factory=dict)
-    workspace: dict[str, int] = field(default_factory=dict)  # scratch buffer -> bytes (split-K)
-    sizes: list[str] = field(default_factory=list)  # size parameters (sz_*), after the buffers
 
 
 def _ident(name: str) -> str:
@@ -574,55 +558,6 @@ def _under_select(red: Reduce) -> bool:
         return any(isinstance(x, Reduce) for x in walk(e))
     return any(isinstance(x, Select) and (has_red(x.a) or has_red(x.b) or has_red(x.cond))
                for x in walk(red.body))
-
-
-def _acc_dtype(red: Reduce) -> DType:
-    """Accumulator type: the body's compute type (bool reductions count in int8)."""
-    dtype = compute_dtype(red.body.dtype)
-    return DType.int8 if dtype is DType.bool and red.op not in (R.ARGMAX, R.ARGMIN) else dtype
-
-
-def _as_acc(value: str, red: Reduce) -> str:
-    return f"{value}.to(tl.int8)" if _acc_dtype(red) is not compute_dtype(red.body.dtype) else value
-
-
-def _typed(value: str, dtype: DType) -> str:
-    return f"tl.full([], {value}, {tl_type(dtype)})"
-
-
-def _init(op: R, dtype: DType) -> str:
-    if op is R.SUM:
-        return "0"
-    if op is R.PROD:
-        return "1"
-    if dtype.is_float:
-        return "float('-inf')" if op is R.MAX else "float('inf')"
-    if dtype is DType.bool:
-        return "0" if op is R.MAX else "1"
-    import numpy as np
-    info = np.iinfo(dtype.np)
-    return str(int(info.min if op is R.MAX else info.max))
-
-
-def _combine(op: R, dtype: DType, acc: str, v: str) -> str:
-    if op is R.SUM:
-        return f"{acc} + {v}"
-    if op is R.PROD:
-        return f"{acc} * {v}"
-    fn = "tl.maximum" if op is R.MAX else "tl.minimum"
-    nan = ", propagate_nan=tl.PropagateNan.ALL" if dtype.is_float else ""
-    return f"{fn}({acc}, {v}{nan})"
-
-
-def _final(op: R, dtype: DType, acc: str) -> str:
-    if op is R.SUM:
-        return f"tl.sum({acc}, 1, keep_dims=True)"
-    if op is R.PROD:
-        return f"tl.reduce({acc}, 1, _mul_combine, keep_dims=True)"
-    if dtype.is_float:
-        fn = "_max_combine" if op is R.MAX else "_min_combine"
-        return f"tl.reduce({acc}, 1, {fn}, keep_dims=True)"
-    return f"tl.{'max' if op is R.MAX else 'min'}({acc}, 1, keep_dims=True)"
 
 
 def _accumulate(kind: str, dtype: DType, cur: str, v: str) -> str:

@@ -25,6 +25,7 @@ from ...tensor_ir.expr import Load, R, Reduce, Var, substitute, walk
 from ...tensor_ir.kernel import Kernel, Stage
 from .config import LaunchConfig, _sms, _warps, pow2
 from .exprs import S, point_key
+from .reduce_ops import _acc_dtype, _as_acc, _final, _init, _typed
 from .sizes import cdiv
 
 MAX_ROW = 4096  # longest row kept in registers (a program holds XBLOCK x pow2(C) values)
@@ -130,8 +131,6 @@ def rows_config(plan: RowsPlan, target=None) -> LaunchConfig:
 
 def render_rows(sr, k: Kernel, plan: RowsPlan):
     """One function for the whole kernel (``sr``: a render.StageRenderer)."""
-    from .render import _acc_dtype, _as_acc, _final, _init, _typed
-
     cfg = rows_config(plan, sr.parent.target)
     em = sr.em
     shapes = {name: ref.shape for name, ref in sr.refs.items()}

@@ -21,20 +21,8 @@ import warnings
 from pathlib import Path
 
 from ...errors import CompileError, NotImplementedYetError
-from .render import TritonFunction
-
-
-@dataclasses.dataclass
-class Binary:
-    """One compiled function: its binaries by kind and its launch metadata."""
-    images: dict[str, bytes]  # "cubin", "ptx", "hsaco"
-    shared: int
-    num_warps: int
-    params: int  # kernel parameters in the binary (the function's pointers + trailing scratch)
-    global_scratch: int = 0  # bytes per program (0: the pointer is NULL)
-    global_scratch_align: int = 1
-    profile_scratch: int = 0
-    meta: dict = dataclasses.field(default_factory=dict)
+from ..device_code import Binary
+from ..device_code import GpuFunction as TritonFunction
 
 
 def triton_version() -> str:
