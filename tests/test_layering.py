@@ -42,22 +42,24 @@ GRAPH_IR_RUNTIME_ALLOWED = ("deploy.runtime.host_ops",)
 
 
 def package_modules() -> dict[str, Path]:
+    """The package's own modules: ``.py`` files in folders that are packages (an ``__init__.py``
+    in every folder from the root down). Only those folders are walked, so a ``.venv``, ``build/``
+    or cache inside the checkout is never even listed."""
     mods = {}
-    for path in ROOT.rglob("*.py"):
-        rel = path.relative_to(ROOT)
-        if rel.parts[0] in NOT_PACKAGE or not _in_package(rel):
-            continue  # (a .venv, build/ or cache inside the checkout is not the package)
-        parts = ["deploy", *rel.with_suffix("").parts]
-        if parts[-1] == "__init__":
-            parts.pop()
-        mods[".".join(parts)] = path
+    folders = [ROOT]
+    while folders:
+        folder = folders.pop()
+        for path in folder.iterdir():
+            rel = path.relative_to(ROOT)
+            if path.is_dir():
+                if rel.parts[0] not in NOT_PACKAGE and (path / "__init__.py").is_file():
+                    folders.append(path)
+            elif path.suffix == ".py":
+                parts = ["deploy", *rel.with_suffix("").parts]
+                if parts[-1] == "__init__":
+                    parts.pop()
+                mods[".".join(parts)] = path
     return mods
-
-
-def _in_package(rel: Path) -> bool:
-    """Every folder from the root down to the file is a package (has an ``__init__.py``)."""
-    return all((ROOT / Path(*rel.parts[:k]) / "__init__.py").exists()
-               for k in range(1, len(rel.parts)))
 
 
 def imports_of(module: str, path: Path) -> set[str]:
