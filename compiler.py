@@ -6,7 +6,6 @@ with ``dump_dir`` (graph text per pass, kernel C source).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
@@ -18,10 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, config
-from .backends.c.attention import supported as c_attention_supported
-from .backends.c.render import CRenderer, kernel_symbols
-from .backends.c.toolchain import build_shared_library
-from .backends.c.tune import tune_kernels
+from .backends.base import Backend, get_backend
 from .errors import (
     DeployError,
     NotImplementedYetError,
@@ -38,17 +34,13 @@ from .graph_ir.printer import print_graph
 from .graph_ir.sym import Sym, dim_json, free_symbols
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
-from .tensor_ir.attention import AttentionStage, fuse_attention
 from .tensor_ir.constants import inline_scalars
 from .tensor_ir.epilogue import fuse_epilogues
-from .tensor_ir.expr import Load, walk
 from .tensor_ir.fuse import lower_fused
-from .tensor_ir.kernel import size_bucket
 from .tensor_ir.lower import LOWERINGS, lower_node
 from .tensor_ir.memory import MemoryPlan, inplace_pairs, plan_memory
-from .tensor_ir.pack import pack_weights
-from .tensor_ir.schedule import default_schedule, stage_work
-from .tensor_ir.tuning_db import TuningDB, with_bucket
+from .tensor_ir.plan import Plan
+from .tensor_ir.tuning_db import TuningDB
 from .variants import expand_shape_specs, merge_variants
 
 VIEW_OPS = {movement.Reshape, signal.BitCast}  # same bytes, another shape or dtype
@@ -103,12 +95,12 @@ def _graph_symbols(graph: Graph) -> set[str]:
     return {s for v in graph.inputs for d in v.shape for s in free_symbols(d)}
 
 
-def _check_symbolic_backend(graph: Graph, tgt: Target) -> None:
-    """Symbolic sizes run on the C and Triton backends; another backend binds them
-    (SymbolicError: the caller binds and compiles again)."""
+def _check_symbolic_backend(graph: Graph, backend: Backend) -> None:
+    """A backend whose kernels take no symbolic sizes binds them (SymbolicError: the caller
+    binds and compiles again)."""
     syms = _graph_symbols(graph)
-    if syms and tgt.backend not in ("c", "triton"):
-        raise sym.SymbolicError(f"the {tgt.backend} backend compiles fixed sizes", syms)
+    if syms and not backend.symbolic:
+        raise sym.SymbolicError(f"the {backend.name} backend compiles fixed sizes", syms)
 
 
 def compile(model, target: str | Target = "host", shapes: dict | None = None,
@@ -201,10 +193,12 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
 
     tgt = load_target(target)
     _check_supported(tgt, tune)
-    half, tf32 = _precision_settings(tgt, options)
+    backend = get_backend(tgt, options)
+    half, tf32 = _precision_settings(tgt, backend, options)
+    backend.options["allow_tf32"] = tf32
     graph, report = import_model(model, shapes, constant_inputs, example_inputs, dynamic_shapes,
                                  options.get("bind"))
-    _check_symbolic_backend(graph, tgt)
+    _check_symbolic_backend(graph, backend)
     reference = graph  # the model's own precision, for the --dtype error check
     if _graph_symbols(graph) and half is not None:  # checked at small fixed sizes
         fixed = {s: max(sym.context().ranges.get(s, (1, None))[0], CHECK_SIZE)
@@ -218,35 +212,23 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
         (dump / "00-import.txt").write_text(print_graph(graph))
     graph, pass_stats = run_pipeline(graph, tgt, dump, {"dtype": half})
     lap("optimize")
-    if tgt.backend == "triton":
-        _check_gpu_dtypes(graph, tgt)
+    backend.check_graph(graph)
     plan = _plan(graph)
     memory = _plan_memory(graph, plan)
-    if tgt.backend == "triton":
-        _gpu_weight_layout(plan, graph)
+    backend.prepare(plan)
     lap("lower")
     db = TuningDB(tuning_db or config.tuning_db_path())
     if tune not in ("none", None):
-        if tgt.backend == "triton":  # measured on this machine's GPU (option measure: tests)
-            from .backends.triton.tune import tune_gpu_kernels
-            tuned = tune_gpu_kernels(plan.kernels, tgt, tune, db, _budget_seconds(budget), tf32,
-                                     options.get("measure"), log=options.get("log", print))
-        else:
-            tuned = tune_kernels(plan.kernels, tune, target_features(tgt), tuple(tgt.cc_flags),
-                                 _budget_seconds(budget), db, log=options.get("log", print),
-                                 constants=_constant_inputs(plan), vector_bits=tgt.vector_bits)
+        tuned = backend.tune(plan, tune, db, _budget_seconds(budget),
+                             log=options.get("log", print))
         db.save()
         timings["tune_gain"] = round(tuned.gain(), 3)
         lap("tune")
-    if tgt.backend == "triton":
-        members, kernels, gpu = _build_gpu(plan, tgt, dump, dict(options, allow_tf32=tf32), db)
-    else:
-        members, kernels, gpu = (*_build(plan, tgt, dump, db), {})
-        _drop_unused_constants(plan, graph)
+    built = backend.build(plan, dump, db)
     lap("render+build")
-    manifest = _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model)
-    if gpu:  # binaries and the launch plan instead of a shared library
-        manifest.update(gpu, library=None, entry=None)
+    manifest = _manifest(graph, plan, tgt, report, pass_stats, built.kernels, timings, model)
+    manifest.update(built.manifest)  # a library and its entry, or a GPU launch plan
+    members = built.members
     manifest["memory"] = {"arena_bytes": memory.arena_bytes,
                           "intermediate_bytes": memory.intermediate_bytes,
                           "inplace": {str(k): v for k, v in sorted(memory.inplace.items())},
@@ -258,8 +240,8 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
         members[f"weights/{vid}.npy"] = array_bytes(arr)
     lap("package")
     art = Artifact(manifest, members, graph, timings)
-    if half is not None or tgt.backend == "triton":
-        manifest["precision"] = _precision_record(art, reference, tgt, half, tf32,
+    if half is not None or backend.kind == "gpu":
+        manifest["precision"] = _precision_record(art, reference, backend, half, tf32,
                                                   options.get("check_precision"))
         lap("check")
     manifest["compile_seconds"] = timings
@@ -277,11 +259,6 @@ def lower_only(model, target: str | Target = "host", shapes: dict | None = None)
 
 def _check_supported(tgt: Target, tune: str) -> None:
     """Refuse, with a clear message, what this build of deploy cannot do yet."""
-    if tgt.backend not in ("c", "triton"):
-        raise NotImplementedYetError(
-            f"target {tgt.name}: the {tgt.backend} backend is not implemented yet; CPU targets "
-            "(backend: c) and GPU targets with backend: triton (e.g. a100, h100, mi300x) "
-            "compile today")
     if tune not in ("none", "quick", "full", None):
         raise DeployError(f"tune={tune!r}: expected one of none, quick, full")
     host = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
@@ -293,21 +270,7 @@ def _check_supported(tgt: Target, tune: str) -> None:
                           "use --target host")
 
 
-def _check_gpu_dtypes(graph: Graph, tgt: Target) -> None:
-    """The float8 family, float4e2m1 and the 4- and 2-bit integers run on CPU targets only (yet):
-    every node that still computes on them after optimization, at once. (Constant ones, such as
-    DequantizeLinear of int4 weights, are folded away and do not count.)"""
-    bad = [f"'{n.name}' ({n.op.name}): {v.type}" for n in graph.nodes
-           for v in (*n.inputs, *n.outputs) if v is not None and v.type.dtype.is_narrow]
-    bad += [f"input '{v.name}': {v.type}" for v in graph.inputs if v.type.dtype.is_narrow]
-    if bad:
-        raise NotImplementedYetError(
-            f"target {tgt.name}: the Triton backend has no float8/float4/int4/int2 element types "
-            f"yet (CPU targets have them); {len(bad)} value(s) use them:\n  - " + "\n  - ".join(
-                dict.fromkeys(bad)))
-
-
-def _precision_settings(tgt: Target, options: dict):
+def _precision_settings(tgt: Target, backend: Backend, options: dict):
     """(half dtype or None, tf32) from the options ``dtype``, ``precision`` (fp32 | tf32) and
     ``allow_tf32`` (the older spelling of ``precision="tf32"``)."""
     half = precision.half_dtype(options.get("dtype"))
@@ -319,9 +282,9 @@ def _precision_settings(tgt: Target, options: dict):
     if given and "allow_tf32" in options and bool(options["allow_tf32"]) != (mode == "tf32"):
         raise UsageError(f"precision={given!r} and allow_tf32={options['allow_tf32']!r} "
                          "disagree; give one of them")
-    if mode == "tf32" and tgt.backend != "triton":
-        raise UsageError(f"precision tf32: target {tgt.name} (backend {tgt.backend}) has no TF32 "
-                         "mode; it applies to GPU targets (backend triton). Use fp32 here")
+    if mode == "tf32" and not backend.tf32:
+        raise UsageError(f"precision tf32: target {tgt.name} (backend {backend.name}) has no "
+                         "TF32 mode; it applies to GPU targets. Use fp32 here")
     return half, mode == "tf32"
 
 
@@ -330,7 +293,7 @@ def _precision_settings(tgt: Target, options: dict):
 PRECISION_CHECK_LIMIT = 3e10
 
 
-def _precision_record(art: Artifact, reference: Graph, tgt: Target, half, tf32: bool,
+def _precision_record(art: Artifact, reference: Graph, backend: Backend, half, tf32: bool,
                       check: bool | None) -> dict:
     """The manifest's ``precision``: the compute dtype, the fp32 GEMM mode on GPUs and, for
     --dtype, the relative L2 error of every output against the float32 model on seeded random
@@ -338,7 +301,7 @@ def _precision_record(art: Artifact, reference: Graph, tgt: Target, half, tf32: 
     checks when interpreting costs at most PRECISION_CHECK_LIMIT multiply-adds, True always,
     False never."""
     rec: dict = {"dtype": "fp32" if half is None else {"float16": "fp16"}.get(half.name, "bf16")}
-    if tgt.backend == "triton":
+    if backend.tf32:
         rec["fp32_gemm"] = "tf32" if tf32 else "ieee"
     if half is None:
         return rec
@@ -348,38 +311,26 @@ def _precision_record(art: Artifact, reference: Graph, tgt: Target, half, tf32: 
                         f"{PRECISION_CHECK_LIMIT:.0e}; check_precision=True forces it)"
                         if check is None else "skipped: check_precision=False")
         return rec
-    if tgt.backend != "c" and _graph_symbols(art.graph):
+    if not backend.runs_here and _graph_symbols(art.graph):
         rec["check"] = ("skipped: symbolic sizes are not emulated; check on the device with "
                         "`deploy run --check`")
         return rec
     inputs = precision.check_inputs(reference, seed=0)
     try:
         ref = interpret(reference, inputs)
-        ours = (art.load().run(inputs) if tgt.backend == "c"
+        ours = (art.load().run(inputs) if backend.runs_here
                 else precision.emulate(art.graph, inputs))
     except Exception as e:  # noqa: BLE001  (a diagnostic: it never fails the compile)
         rec["check"] = f"failed: {type(e).__name__}: {e}"
         return rec
     rec.update(precision.compare(reference.output_names, ours, ref), seed=0,
-               check="artifact" if tgt.backend == "c" else "emulated")
+               check="artifact" if backend.runs_here else "emulated")
     for name in rec["over"]:
         warnings.warn(f"--dtype {rec['dtype']}: output '{name}' differs from the float32 model "
                       f"by relative L2 error {rec['rel_l2'][name]:.3g} (> {rec['tolerance']:g}) "
                       "on random inputs; compile without --dtype if that is too much",
                       RuntimeWarning, stacklevel=3)
     return rec
-
-
-@dataclass
-class Plan:
-    ids: dict[Value, int]
-    steps: list[dict]
-    kernels: list  # tensor_ir Kernel objects, in step order
-    constants: dict[int, np.ndarray]
-    host_ops: list[str]
-    extra_values: dict = field(default_factory=dict)  # value id -> Buffer made by the backend
-    symbols: list[str] = field(default_factory=list)  # symbolic sizes, in kernels' dims order
-    packed: dict = field(default_factory=dict)  # (weight id, nr) -> packed weight id
 
 
 def _members(graph: Graph):
@@ -422,7 +373,8 @@ def _plan(graph: Graph) -> Plan:
             used_consts[vid(v)] = graph.constants[v]
         vid(v)
     symbols = sorted({s for v in graph.inputs for d in v.shape for s in free_symbols(d)})
-    return Plan(ids, steps, kernels, used_consts, host_ops, symbols=symbols)
+    return Plan(ids, steps, kernels, used_consts, host_ops, symbols=symbols,
+                output_ids=[ids[v] for v in graph.outputs])
 
 
 def _plan_memory(graph: Graph, plan: Plan) -> MemoryPlan:
@@ -471,200 +423,6 @@ def _budget_seconds(budget) -> float:
         raise DeployError(f"--budget {budget!r}: expected e.g. 90s, 10m or 1h") from None
 
 
-def target_features(tgt: Target) -> dict:
-    """The target's features; for ``native`` targets the ISA is read off this CPU, so records
-    made here apply on any machine with the same vector features."""
-    feats = tgt.features()
-    if tgt.arch == "native":
-        feats = dict(feats, arch=_host_isa_level(), isa=_host_isa())
-    return feats
-
-
-def _host_isa() -> list[str]:
-    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "asimd")
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return []
-    return [f for f in wanted if f in flags]
-
-
-def _host_isa_level() -> str:
-    isa = set(_host_isa())
-    return "x86-64-v4" if "avx512f" in isa else "x86-64-v3" if "avx2" in isa else \
-        platform.machine()
-
-
-def _build_gpu(plan: Plan, tgt: Target, dump: Path | None, options: dict,
-               db: TuningDB | None = None):
-    """Triton backend: options ``aot`` (False: render the plan without binaries, for
-    interpreted runs) and ``allow_tf32`` (fp32 GEMMs on TF32 tensor cores); launch
-    configurations from ``db`` where it has records for these features (``deploy tune``)."""
-    from .backends.triton.build import build_gpu
-    from .backends.triton.tune import gpu_features
-    tf32 = options.get("allow_tf32", False)
-    feats = gpu_features(tgt, tf32)
-    tuned = {k.name: rec for k in plan.kernels
-             if db is not None and (rec := db.lookup(k.structural_hash(),
-                                                     with_bucket(feats, size_bucket(k)))) is not None}
-    return build_gpu(plan.kernels, tgt, dump, aot=options.get("aot", True), allow_tf32=tf32,
-                     host_ops=plan.host_ops, tuned=tuned, constants=_kernel_constants(plan))
-
-
-def _gpu_weight_layout(plan: Plan, graph: Graph) -> None:
-    """GPU targets: constant GEMM operands with unaligned rows are stored transposed
-    (``backends/triton/build.py: transpose_weights``); the copy takes the input's place in its
-    step, and a constant no step reads any more is dropped."""
-    from .backends.triton.build import transpose_weights
-    made: dict[tuple[int, str], int] = {}
-    steps = [s for s in plan.steps if s["kind"] == "kernel"]
-    for n, (k, step) in enumerate(zip(plan.kernels, steps)):
-        consts = {b.name: pos for pos, b in enumerate(k.inputs)
-                  if pos < len(step["inputs"]) and step["inputs"][pos] in plan.constants}
-        new_k, moved = transpose_weights(k, set(consts))
-        for name, buf in moved:
-            src = step["inputs"][consts[name]]
-            if (src, buf.dtype.name) not in made:
-                vid = max([*plan.ids.values(), *plan.extra_values, -1]) + 1
-                plan.constants[vid] = np.ascontiguousarray(np.swapaxes(plan.constants[src], -1, -2))
-                plan.extra_values[vid] = buf
-                made[(src, buf.dtype.name)] = vid
-            step["inputs"][consts[name]] = made[(src, buf.dtype.name)]
-        plan.kernels[n] = new_k
-    if made:
-        _drop_unused_constants(plan, graph)
-
-
-def _kernel_constants(plan: Plan) -> dict[str, dict]:
-    """Kernel name -> {input buffer name: constant value} (the Triton attention template
-    reads its masks' values to skip causally masked blocks)."""
-    steps = [s for s in plan.steps if s["kind"] == "kernel"]
-    return {k.name: {b.name: plan.constants[v] for b, v in zip(k.inputs, s["inputs"])
-                     if v in plan.constants}
-            for k, s in zip(plan.kernels, steps) if len(k.inputs) == len(s["inputs"])}
-
-
-def _build(plan: Plan, tgt: Target, dump: Path | None,
-           db: TuningDB | None = None) -> tuple[dict[str, bytes], list[dict]]:
-    if not plan.kernels:
-        return {}, []
-    renderer = CRenderer(plan.symbols, tgt.vector_bits)
-    sources, info = [], []
-    feats = target_features(tgt)
-    kernel_steps = [s for s in plan.steps if s["kind"] == "kernel"]
-    constants = _kernel_constants(plan)
-    bodies: dict[str, str] = {}  # rendered body -> the kernel that has it (layers repeat)
-    for k, step in zip(plan.kernels, kernel_steps):
-        h = k.structural_hash()
-        tuned = db.lookup(h, with_bucket(feats, size_bucket(k))) if db is not None else None
-        k, tuned = _fuse_attention(k, tuned, constants.get(k.name))
-        sched = default_schedule(k, tuned, tgt.vector_bits)
-        k, sched = _pack_weights(k, sched, step, plan, tuned, tgt.vector_bits)
-        src = renderer.kernel(k, sched)
-        if kernel_symbols(k):
-            step["dims"] = True  # the runtime passes the symbols' values after the buffers
-        sources.append(_dedup(src, k.name, bodies))
-        info.append({"symbol": k.name, "note": k.note, "hash": h, "tuned": tuned is not None,
-                     "work": sum(stage_work(st) for st in k.stages),
-                     "schedule": [s.describe() for s in sched]})
-    if not plan.host_ops:
-        sources.append(_entry_point(plan))
-    jobs = os.cpu_count() or 1
-    chunks = [renderer.module(sources[i::jobs]) for i in range(min(jobs, len(sources)))]
-    if dump:
-        (dump / "kernels.c").write_text(renderer.module(sources))
-    import tempfile
-    with tempfile.TemporaryDirectory(prefix="deploy-build-") as tmp:
-        lib = build_shared_library(chunks, Path(tmp) / "model.so", tuple(tgt.cc_flags), jobs)
-        return {"lib/model.so": lib.read_bytes()}, info
-
-
-def _dedup(src: str, name: str, bodies: dict[str, str]) -> str:
-    """A kernel whose code equals an earlier one's (the same layer repeated) calls it instead
-    of being compiled again."""
-    head, _, body = src.partition(f"void {name}(")
-    first = bodies.setdefault(body, name)
-    if first == name:
-        return src
-    return f"{head}void {first}(void* const* args);\nvoid {name}(void* const* args) {{ {first}(args); }}\n"
-
-
-def _fuse_attention(k, tuned, constants):
-    """The kernel with its attention runs as one templated stage (backends/c/attention.py),
-    where the template takes them (fp32); tuning records index the unfused stages, so an
-    attention kernel drops them."""
-    fused = fuse_attention(k, constants)
-    stages = [s for s in fused.stages if isinstance(s, AttentionStage)]
-    if not stages or not all(c_attention_supported(s) for s in stages):
-        return k, tuned
-    return fused, None
-
-
-ENTRY = "deploy_run"
-
-
-def _entry_point(plan: Plan) -> str:
-    """``void deploy_run(void** v)``: the whole plan in one C call. ``v[id]`` points at value
-    ``id`` (inputs, weights, arena slices, outputs); kernels run in order, views alias."""
-    lines = [("/* the whole launch plan; v[i] is value i of the manifest, v[dims_slot] the "
-             "symbolic sizes' values */"),
-             f"void {ENTRY}(void** v) {{"]
-    for step in plan.steps:
-        if step["kind"] == "kernel":
-            dims = (dims_slot(plan),) if step.get("dims") else ()
-            args = ", ".join(f"v[{i}]" for i in (*step["inputs"], *step["outputs"], *dims))
-            lines.append(f"  {{ void* a[] = {{{args}}}; {step['symbol']}(a); }}")
-        elif step["kind"] == "view":
-            lines.append(f"  v[{step['outputs'][0]}] = v[{step['inputs'][0]}];")
-    decls = [f"void {s['symbol']}(void* const* args);" for s in plan.steps if s["kind"] == "kernel"]
-    return "\n".join(decls + lines + ["}"]) + "\n"
-
-
-def dims_slot(plan: Plan) -> int:
-    """The pointer-table slot of the symbolic sizes' int64 array: after every value id."""
-    return max([*plan.ids.values(), *plan.extra_values, -1]) + 1
-
-
-def _constant_inputs(plan: Plan) -> list[set[str]]:
-    """Per kernel, the names of its inputs that are weights (constants of the plan)."""
-    steps = [s for s in plan.steps if s["kind"] == "kernel"]
-    return [{b.name for b, vid in zip(k.inputs, step["inputs"]) if vid in plan.constants}
-            for k, step in zip(plan.kernels, steps)]
-
-
-def _pack_weights(k, sched, step: dict, plan: Plan, tuned, vector_bits: int):
-    """Constant GEMM weights re-laid out into panels (tensor_ir/pack.py); the packed arrays join
-    the plan's constants and the step's inputs."""
-    const_pos = {b.name: pos for pos, b in enumerate(k.inputs)
-                 if step["inputs"][pos] in plan.constants}
-    packed_k, packings = pack_weights(k, sched, set(const_pos))
-    for p in packings:
-        src_vid = step["inputs"][const_pos[p.source]]
-        key = (src_vid, p.nr)
-        if key not in plan.packed:
-            vid = max([*plan.ids.values(), *plan.extra_values, -1]) + 1
-            plan.packed[key] = vid
-            plan.constants[vid] = p.pack(plan.constants[src_vid])
-            plan.extra_values[vid] = p.packed
-        step["inputs"].append(plan.packed[key])
-    if not packings:
-        return k, sched
-    # a weight read only through its packed copy is no longer passed to the kernel
-    base = {view.name: name for view, name in packed_k.aliases}
-    loaded = {base.get(x.buf, x.buf) for st in packed_k.stages
-              for e in (st.body, *(st.store_index or ())) for x in walk(e) if isinstance(x, Load)}
-    keep = [pos for pos, b in enumerate(packed_k.inputs) if b.name in loaded]
-    step["inputs"] = [step["inputs"][pos] for pos in keep]
-    packed_k = dataclasses.replace(packed_k, inputs=[packed_k.inputs[pos] for pos in keep])
-    return packed_k, default_schedule(packed_k, tuned, vector_bits)
-
-
-def _drop_unused_constants(plan: Plan, graph: Graph) -> None:
-    used = {v for s in plan.steps for v in s["inputs"]} | {plan.ids[v] for v in graph.outputs}
-    for vid in [v for v in plan.constants if v not in used]:
-        del plan.constants[vid]
-
-
 def _spec(v: Value, name: str | None = None) -> dict:
     return {"name": name or v.name, "dtype": v.dtype.np.name, "shape": _shape_json(v.shape)}
 
@@ -689,8 +447,6 @@ def _manifest(graph, plan, tgt, report, pass_stats, kernels, timings, model) -> 
         "constants": {str(i): f"weights/{i}.npy" for i in plan.constants},
         "steps": plan.steps,
         **_symbol_manifest(plan, report),
-        "library": "lib/model.so" if plan.kernels else None,
-        "entry": ENTRY if plan.kernels and not plan.host_ops else None,
         "kernels": kernels,
         "kernel_count": len(kernels),
         "host_ops": sorted(set(plan.host_ops)),
@@ -716,7 +472,7 @@ def _symbol_manifest(plan: Plan, report: dict) -> dict:
             continue
         seen.add(key)
         constraints.append([dim_json(a), dim_json(b), where])
-    return {"symbols": plan.symbols, "dims_slot": dims_slot(plan),
+    return {"symbols": plan.symbols, "dims_slot": plan.dims_slot(),
             "dims": {s: list(r) for s, r in ranges.items()}, "constraints": constraints}
 
 

@@ -22,7 +22,9 @@ SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "name": ((str,), True, "target name"),
     "kind": ((str,), True, "'cpu' or 'gpu'"),
     "vendor": ((str,), True, "intel, amd, nvidia, arm, generic"),
-    "backend": ((str,), True, "'c' for CPUs, 'triton' or 'cuda' for GPUs"),
+    "backend": ((str,), True, "'c' for CPUs, 'triton' or 'cuda' for GPUs (the default)"),
+    "backends": ((list,), False, ("code generators a GPU target may use per kernel "
+                                  "(--gpu-codegen), e.g. [triton, cuda]; default [backend]")),
     "arch": ((str,), True, "x86-64-v3, x86-64-v4, armv8.2-a, native, sm_80, sm_90, gfx942 ..."),
     "description": ((str,), False, "one line for `deploy targets`"),
     "triple": ((str,), False, "code generated for, e.g. x86_64-linux-gnu (CPU; absent = host)"),
@@ -60,6 +62,7 @@ class Target:
     vendor: str
     backend: str
     arch: str
+    backends: tuple[str, ...] = ()
     description: str = ""
     triple: str = ""
     vector_bits: int = 128
@@ -92,6 +95,7 @@ class Target:
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in SCHEMA}
         d["isa"], d["cc_flags"] = list(self.isa), list(self.cc_flags)
+        d["backends"] = list(self.backends)
         d["peak_tflops"] = dict(self.peak_tflops)
         return d
 
@@ -134,6 +138,7 @@ def parse_target(path: Path) -> Target:
     if problems:
         raise TargetError(f"{path}: invalid target description:\n  - " + "\n  - ".join(problems))
     data = dict(data)
+    data["backends"] = tuple(str(x) for x in data.get("backends", [data["backend"]]))
     data["isa"] = tuple(str(x) for x in data.get("isa", ()))
     data["cc_flags"] = tuple(str(x) for x in data.get("cc_flags", ()))
     data["peak_tflops"] = tuple(sorted((str(k), float(v))
@@ -183,6 +188,12 @@ def _check_values(data: dict) -> list[str]:
     if data["backend"] not in BACKENDS[kind]:
         problems.append(f"key 'backend' must be one of {sorted(BACKENDS[kind])} for a {kind} "
                         f"target, got {data['backend']!r}")
+    listed = data.get("backends", [data["backend"]])
+    problems += [f"key 'backends': {b!r} is not a {kind} backend (one of "
+                 f"{sorted(BACKENDS[kind])})" for b in listed if b not in BACKENDS[kind]]
+    if data["backend"] not in listed:
+        problems.append(f"key 'backends' must include the default backend {data['backend']!r}, "
+                        f"got {listed!r}")
     if data.get("preferred_layout", "NCHW") not in LAYOUTS:
         problems.append(f"key 'preferred_layout' must be one of {sorted(LAYOUTS)}, "
                         f"got {data['preferred_layout']!r}")

@@ -12,8 +12,8 @@ pytest.importorskip("triton")
 pytest.importorskip("torch")  # the interpreter reads host memory through torch CPU tensors
 
 import deploy
+from deploy.backends.gpu_weights import transpose_weights
 from deploy.backends.triton import config as config_mod
-from deploy.backends.triton.build import transpose_weights
 from deploy.backends.triton.config import gemm_config, gemm_space
 from deploy.backends.triton.interpret import InterpretDevice
 from deploy.graph_ir.types import DType

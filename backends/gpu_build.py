@@ -1,15 +1,18 @@
-"""Kernels -> Triton functions -> binaries, and the GPU launch plan of the artifact.
+"""Kernels -> GPU functions (Triton or CUDA C) -> binaries, and the artifact's launch plan.
 
-Each tensor-IR kernel (a step of the model's plan) becomes an ordered list of launches, one per
-(fused) stage. A launch names its function, grid, warps, dynamic shared memory, the binary's
-parameter count and where each pointer argument lives: ``{"in": k}`` / ``{"out": k}`` (the
-step's k-th input / output value) or ``{"temp": offset}`` (the kernel's temporaries, placed in
-one scratch region of the device arena that every kernel reuses, since kernels run in order;
-split-K GEMMs keep their fp32 partial sums there too, between their two launches).
+Each tensor-IR kernel (a step of the model's plan) is rendered by one code generator (a
+``Codegen``: Triton or CUDA C, chosen per kernel) into an ordered list of launches, one per
+(fused) stage. A launch names its function, grid, threads, dynamic shared memory, the binary's
+parameter count and where each pointer argument lives: ``{"in": k}`` / ``{"out": k}`` (the step's
+k-th input / output value) or ``{"temp": offset}`` (the kernel's temporaries, placed in one
+scratch region of the device arena that every kernel reuses, since kernels run in order; split-K
+GEMMs keep their fp32 partial sums there too, between their two launches); ``{"size": p}`` passes
+a symbolic size. The runtime launches every kind alike.
 
-Members written: ``gpu/kernels.py`` (the generated source; runnable on its own), and per function
-``gpu/<fn>.cubin`` + ``gpu/<fn>.ptx`` (NVIDIA; PTX lets newer GPUs JIT it) or ``gpu/<fn>.hsaco``
-(AMD). The manifest's ``binaries`` lists them with arch, kind and size.
+Members written: per code generator its source (``gpu/kernels.py``: Triton, runnable on its own;
+``gpu/kernels.cu``: CUDA C), and per function ``gpu/<fn>.cubin`` + ``gpu/<fn>.ptx`` (NVIDIA; PTX
+lets newer GPUs JIT it) or ``gpu/<fn>.hsaco`` (AMD). The manifest's ``binaries`` lists them with
+arch, kind and size.
 """
 from __future__ import annotations
 
@@ -17,16 +20,28 @@ import contextlib
 import dataclasses
 import itertools
 from pathlib import Path
+from typing import Protocol
 
-from ...errors import NotImplementedYetError
-from ...graph_ir.sym import Sym, context, size_max, smax
-from ...tensor_ir.expr import Load, R, Reduce, transform, walk
-from ...tensor_ir.kernel import Buffer, Kernel, kernel_sizes
-from .attention import AttentionStage
-from .fuse import fuse_stages
-from .render import TritonFunction, TritonRenderer, contraction_of
-from .sizes import size_json
-from .toolchain import Binary, compile_functions, triton_version
+from ..graph_ir.sym import Sym, context, size_max, smax
+from ..tensor_ir.attention import AttentionStage
+from ..tensor_ir.kernel import Kernel, kernel_sizes
+from .device_code import Binary, GpuFunction
+from .triton.render import contraction_of
+from .triton.sizes import SizeParams, size_json
+
+
+class Codegen(Protocol):
+    """One GPU code generator, as the GPU build uses it."""
+    name: str
+    source_member: str  # the artifact member holding its source
+    suffix: str  # the source's file suffix (dumps)
+
+    def prepare(self, k: Kernel, constants: dict | None) -> Kernel: ...
+    def render(self, k: Kernel, tuned: dict | None) -> list[GpuFunction]: ...
+    def module(self, functions: list[GpuFunction]) -> str: ...
+    def compile(self, functions: list[GpuFunction], source: str, tgt) -> dict[str, Binary]: ...
+    def version(self) -> str: ...
+
 
 ALIGN = 256  # device allocations and temporaries (cudaMalloc's alignment)
 
@@ -35,29 +50,27 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = True,
-              allow_tf32: bool = False, host_ops=(),
-              tuned: dict[str, dict] | None = None, constants: dict[str, dict] | None = None
-              ) -> tuple[dict[str, bytes], list[dict], dict]:
+def build_gpu(kernels: list[Kernel], tgt, codegen_of, sizes: SizeParams,
+              dump: Path | None = None, aot: bool = True, tuned: dict[str, dict] | None = None,
+              constants: dict[str, dict] | None = None) -> tuple[dict[str, bytes], list[dict], dict]:
     """Returns (artifact members, per-kernel info for the manifest, manifest additions).
-    ``tuned``: kernel name -> {stage: launch parameters} from the tuning database;
-    ``constants``: kernel name -> {input buffer: value} (lets attention prove a mask causal)."""
-    if host_ops:
-        raise NotImplementedYetError(
-            f"target {tgt.name}: host ops ({', '.join(sorted(set(host_ops)))}) have data-dependent "
-            "output shapes and do not run on GPU targets yet; compile for a CPU target")
-    renderer = TritonRenderer(tgt, allow_tf32=allow_tf32)
+    ``codegen_of(kernel)``: the ``Codegen`` that renders it (code generators name symbolic
+    sizes through the one table ``sizes``); ``tuned``: kernel name -> {stage:
+    launch parameters} from the tuning database; ``constants``: kernel name -> {input buffer:
+    value} (lets attention prove a mask causal)."""
     plans, unique, info, scratch = {}, {}, [], 0
+    used: dict[str, Codegen] = {}
     warp = tgt.warp_size or 32
     for k in kernels:
-        fused = fuse_stages(k, (constants or {}).get(k.name))
+        codegen = used.setdefault(codegen_of(k).name, codegen_of(k))
+        fused = codegen.prepare(k, (constants or {}).get(k.name))
         variants = []  # (size point or None, functions): configurations for size classes
         for point in variant_points(fused):
             named = fused if not variants else dataclasses.replace(
                 fused, name=f"{fused.name}_v{len(variants)}")
             with _hints(point):
-                fns = [_shared(f, unique) for f in renderer.kernel(named,
-                                                                   (tuned or {}).get(k.name))]
+                fns = [_shared(f, unique) for f in codegen.render(named,
+                                                                  (tuned or {}).get(k.name))]
             variants.append((point, fns))  # equal ones share their functions (_shared)
         if len({_names(fns) for _, fns in variants}) == 1:
             variants = variants[:1]
@@ -72,29 +85,39 @@ def build_gpu(kernels: list[Kernel], tgt, dump: Path | None = None, aot: bool = 
         plans[k.name] = plan
         scratch = size_max(scratch, temp_bytes)
         info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
-                     "tuned": k.name in (tuned or {}),
+                     "tuned": k.name in (tuned or {}), "codegen": codegen.name,
                      "schedule": [_describe(f) for f in variants[0][1]],
                      **({"variants": [p for p, _ in variants]} if len(variants) > 1 else {})})
-    functions = list(unique.values())
-    source = TritonRenderer.module(functions)
-    if dump:
-        (dump / "kernels_triton.py").write_text(source)
-    members = {"gpu/kernels.py": source.encode()}
-    binaries: list[dict] = []
-    if aot and functions:
-        compiled = compile_functions(functions, source, tgt)
-        _attach(plans, compiled)
-        for name, b in compiled.items():
-            for kind, data in b.images.items():
-                member = f"gpu/{name}.{kind}"
-                members[member] = data
-                binaries.append({"name": member, "function": name, "arch": tgt.arch,
-                                 "kind": kind, "bytes": len(data)})
+    members, binaries, versions = {}, [], {}
+    for codegen in used.values():
+        functions = [f for f in unique.values() if f.codegen == codegen.name]
+        source = codegen.module(functions)
+        if dump:
+            (dump / f"kernels_{codegen.name}{codegen.suffix}").write_text(source)
+        members[codegen.source_member] = source.encode()
+        versions[codegen.name] = codegen.version()
+        if aot and functions:
+            compiled = codegen.compile(functions, source, tgt)
+            _attach(plans, compiled)
+            binaries += _binary_members(compiled, tgt, members)
     gpu = {"api": "cuda" if tgt.vendor == "nvidia" else "hip", "arch": tgt.arch,
-           "triton": triton_version(), "aot": bool(aot and functions), "source": "gpu/kernels.py",
-           "kernels": plans, "scratch_bytes": size_json(scratch),
-           "sizes": renderer.sizes.json()}
+           **versions, "aot": bool(aot and unique), "kernels": plans,
+           "sources": {c.name: c.source_member for c in used.values()},
+           "scratch_bytes": size_json(scratch), "sizes": sizes.json()}
+    if "triton" in used:
+        gpu["source"] = used["triton"].source_member
     return members, info, {"gpu": gpu, "binaries": binaries}
+
+
+def _binary_members(compiled: dict[str, Binary], tgt, members: dict) -> list[dict]:
+    out = []
+    for name, b in compiled.items():
+        for kind, data in b.images.items():
+            member = f"gpu/{name}.{kind}"
+            members[member] = data
+            out.append({"name": member, "function": name, "arch": tgt.arch, "kind": kind,
+                        "bytes": len(data)})
+    return out
 
 
 # ---- size classes ----------------------------------------------------------------------------
@@ -132,75 +155,23 @@ def _hints(point: dict | None):
         ctx.hints.update(saved)
 
 
-def _names(fns: list[TritonFunction]) -> tuple:
+def _names(fns: list[GpuFunction]) -> tuple:
     """What a variant runs: its functions' code and launch shapes (names aside)."""
-    return tuple((f.source.replace(f"def {f.name}(", "def _(", 1), f.num_warps, f.num_stages,
+    return tuple((f.source.replace(f.name, "_"), f.num_warps, f.num_stages,
                   tuple(sorted(f.constexprs.items())), tuple(str(g) for g in f.grid))
                  for f in fns)
 
 
-# ---- weight layout ---------------------------------------------------------------------------
-
-ROW_ALIGN = 16  # bytes: vector loads, cp.async and TMA need rows aligned to this
-MIN_RELAYOUT = 1 << 16  # elements: smaller weights are not worth a second layout
-
-
-def transpose_weights(k: Kernel, constants: set[str]) -> tuple[Kernel, list[tuple[str, Buffer]]]:
-    """Constant contraction operands whose rows are not 16-byte aligned but whose columns are
-    (GPT-2's tied LM head: ``[768, 50257]`` fp16, rows of 100514 bytes) are read from a copy with
-    the last two axes swapped: ``w[.., i, j]`` -> ``wt[.., j, i]``. The GEMM's tiles of it are then
-    vector loads along K instead of 2-byte loads (measured on an H200, GPT-2 at batch 32 fp16:
-    4096 x 50257 x 768 took 2.18 ms, 0.67 ms so; padding the rows instead gave 2.87). Returns the kernel and (input name, new buffer) per swapped input; the
-    caller stores the transposed constant in the buffer's place."""
-    aliased = {base for _, base in k.aliases} | {view.name for view, _ in k.aliases}
-    swaps = {b.name: Buffer(b.name + "_t", (*b.shape[:-2], b.shape[-1], b.shape[-2]), b.dtype)
-             for b in k.inputs if b.name in constants and b.name not in aliased
-             and _misaligned_rows(b) and _contraction_only(k, b.name)}
-    if not swaps:
-        return k, []
-
-    def fn(e):
-        if isinstance(e, Load) and e.buf in swaps:
-            return Load(swaps[e.buf].name, (*e.index[:-2], e.index[-1], e.index[-2]), e.dtype)
-        return None
-
-    stages = [dataclasses.replace(st, body=transform(st.body, fn)) for st in k.stages]
-    inputs = [swaps.get(b.name, b) for b in k.inputs]
-    return (dataclasses.replace(k, inputs=inputs, stages=stages),
-            [(name, buf) for name, buf in swaps.items()])
-
-
-def _misaligned_rows(b: Buffer) -> bool:
-    if len(b.shape) < 2 or b.numel < MIN_RELAYOUT or not b.dtype.is_float:
-        return False
-    size = b.dtype.itemsize
-    return (b.shape[-1] * size) % ROW_ALIGN != 0 and (b.shape[-2] * size) % ROW_ALIGN == 0
-
-
-def _contraction_only(k: Kernel, name: str) -> bool:
-    """Every load of ``name`` is inside a sum (a contraction operand), none in a store index."""
-    for st in k.stages:
-        if any(isinstance(x, Load) and x.buf == name for e in (st.store_index or ())
-               for x in walk(e)):
-            return False
-        loads = {x for x in walk(st.body) if isinstance(x, Load) and x.buf == name}
-        inside = {x for r in walk(st.body) if isinstance(r, Reduce) and r.op is R.SUM
-                  for x in walk(r.body) if isinstance(x, Load) and x.buf == name}
-        if loads != inside:
-            return False
-    return any(isinstance(x, Load) and x.buf == name for st in k.stages for x in walk(st.body))
-
-
-def _shared(f: TritonFunction, unique: dict) -> TritonFunction:
+def _shared(f: GpuFunction, unique: dict) -> GpuFunction:
     """The first function with the same code (all but its name) stands for every later one:
     repeated blocks of a model compile once."""
-    key = (f.source.replace(f"def {f.name}(", "def _(", 1), tuple(f.signature.items()),
+    key = (f.codegen, f.source.replace(f.name, "_"), tuple(f.signature.items()),
            tuple(sorted(f.constexprs.items())), f.num_warps, f.num_stages)
     first = unique.setdefault(key, f)
     return f if first is f else dataclasses.replace(f, name=first.name, source=first.source)
 
 
-def _temp_layout(k: Kernel, variants: list[list[TritonFunction]] = ()
+def _temp_layout(k: Kernel, variants: list[list[GpuFunction]] = ()
                  ) -> tuple[dict[str, int], int]:
     """Offsets in the scratch region of the kernel's temporaries, then of its functions'
     workspaces (split-K partial sums), each size-class variant's from the same place (one
@@ -221,7 +192,7 @@ def _temp_layout(k: Kernel, variants: list[list[TritonFunction]] = ()
     return offsets, end
 
 
-def _launch(f: TritonFunction, k: Kernel, temps: dict[str, int], warp: int) -> dict:
+def _launch(f: GpuFunction, k: Kernel, temps: dict[str, int], warp: int) -> dict:
     ins = {b.name: i for i, b in enumerate(k.inputs)}
     outs = {b.name: i for i, b in enumerate(k.outputs)}
 
@@ -233,7 +204,7 @@ def _launch(f: TritonFunction, k: Kernel, temps: dict[str, int], warp: int) -> d
         return {"temp": size_json(temps[buf])}
 
     return {"fn": f.name, "template": f.template, "grid": [size_json(g) for g in f.grid],
-            "block": [warp * f.num_warps, 1, 1], "num_warps": f.num_warps, "shared": 0,
+            "block": [warp * f.num_warps, 1, 1], "num_warps": f.num_warps, "shared": f.shared,
             "params": len(f.args) + len(f.sizes) + 2,
             "args": [where(a) for a in f.args] + [{"size": p} for p in f.sizes],
             "types": [f.signature[p] for p in f.signature if f.signature[p] != "constexpr"],
@@ -253,7 +224,7 @@ def _attach(plans: dict, compiled: dict[str, Binary]) -> None:
                           binaries={kind: f"gpu/{launch['fn']}.{kind}" for kind in b.images})
 
 
-def _describe(f: TritonFunction) -> dict:
+def _describe(f: GpuFunction) -> dict:
     out = {"stage": f.stage, "fn": f.name, "template": f.template,
            "grid": [g if isinstance(g, int) else str(g) for g in f.grid],
            "num_warps": f.num_warps, "num_stages": f.num_stages, **f.constexprs}

@@ -1,0 +1,91 @@
+"""What GPU backends share: checks, weight layout, tuning records and the GPU build.
+
+A GPU backend is a way of choosing a ``Codegen`` per kernel (Triton, CUDA C, or the faster of
+the two by measurement); everything else (launch plan, scratch, size classes, binaries) is the
+GPU build's (gpu_build.py) and the runtime runs every kind alike.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import NotImplementedYetError
+from ..tensor_ir.kernel import size_bucket
+from ..tensor_ir.tuning_db import with_bucket
+from .base import Backend, Built
+from .gpu_build import build_gpu
+from .gpu_weights import transpose_weights
+from .triton.sizes import SizeParams
+
+
+class GpuBackend(Backend):
+    kind = "gpu"
+    tf32 = True
+    runs_here = False  # the --dtype check emulates the GPU's arithmetic
+
+    @property
+    def allow_tf32(self) -> bool:
+        return bool(self.options.get("allow_tf32"))
+
+    def features(self) -> dict:
+        """The record key's features: the target's (arch, warp size ...; never its name) and
+        the fp32 GEMM mode, which changes the code of every fp32 GEMM."""
+        return dict(self.target.features(), backend=self.name,
+                    fp32_gemm="tf32" if self.allow_tf32 else "ieee")
+
+    def check_graph(self, graph) -> None:
+        """The float8 family, float4e2m1 and the 4- and 2-bit integers run on CPU targets only
+        (yet): every node that still computes on them after optimization, at once. (Constant
+        ones, such as DequantizeLinear of int4 weights, are folded away and do not count.)"""
+        bad = [f"'{n.name}' ({n.op.name}): {v.type}" for n in graph.nodes
+               for v in (*n.inputs, *n.outputs) if v is not None and v.type.dtype.is_narrow]
+        bad += [f"input '{v.name}': {v.type}" for v in graph.inputs if v.type.dtype.is_narrow]
+        if bad:
+            raise NotImplementedYetError(
+                f"target {self.target.name}: GPU code has no float8/float4/int4/int2 element "
+                f"types yet (CPU targets have them); {len(bad)} value(s) use them:\n  - "
+                + "\n  - ".join(dict.fromkeys(bad)))
+
+    def prepare(self, plan) -> None:
+        """Constant GEMM operands with unaligned rows are stored transposed
+        (gpu_weights.py); the copy takes the input's place in its step, and a constant no step
+        reads any more is dropped."""
+        made: dict[tuple[int, str], int] = {}
+        for n, (k, step) in enumerate(zip(plan.kernels, plan.kernel_steps())):
+            consts = {b.name: pos for pos, b in enumerate(k.inputs)
+                      if pos < len(step["inputs"]) and step["inputs"][pos] in plan.constants}
+            new_k, moved = transpose_weights(k, set(consts))
+            for name, buf in moved:
+                src = step["inputs"][consts[name]]
+                if (src, buf.dtype.name) not in made:
+                    swapped = np.ascontiguousarray(np.swapaxes(plan.constants[src], -1, -2))
+                    made[(src, buf.dtype.name)] = plan.new_constant(swapped, buf)
+                step["inputs"][consts[name]] = made[(src, buf.dtype.name)]
+            plan.kernels[n] = new_k
+        if made:
+            plan.drop_unused_constants()
+
+    def tuned_records(self, plan, db) -> dict[str, dict]:
+        feats = self.features()
+        return {k.name: rec for k in plan.kernels
+                if db is not None and (rec := db.lookup(k.structural_hash(),
+                                                        with_bucket(feats, size_bucket(k))))
+                is not None}
+
+    def codegen_chooser(self, plan, db, sizes: SizeParams):
+        """kernel -> the Codegen rendering it."""
+        raise NotImplementedError
+
+    def build(self, plan, dump: Path | None, db) -> Built:
+        if plan.host_ops:
+            raise NotImplementedYetError(
+                f"target {self.target.name}: host ops ({', '.join(sorted(set(plan.host_ops)))}) "
+                "have data-dependent output shapes and do not run on GPU targets yet; compile "
+                "for a CPU target")
+        sizes = SizeParams()
+        members, kernels, extra = build_gpu(
+            plan.kernels, self.target, self.codegen_chooser(plan, db, sizes), sizes, dump,
+            aot=self.options.get("aot", True), tuned=self.tuned_records(plan, db),
+            constants=plan.kernel_constants())
+        return Built(members, kernels, {**extra, "library": None, "entry": None})
