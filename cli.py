@@ -574,7 +574,7 @@ def inspect_report(path: str, contents) -> dict:
     kernels = [{"symbol": k["symbol"], "node": steps.get(k["symbol"], {}).get("node"),
                 "op": steps.get(k["symbol"], {}).get("op"), "hash": k.get("hash"),
                 "note": k.get("note", ""), "tuned": bool(k.get("tuned", False)),
-                "schedule": k.get("schedule", [])}
+                "codegen": k.get("codegen"), "schedule": k.get("schedule", [])}
                for k in m.get("kernels", [])]
     weights = {n: len(b) for n, b in members.items() if n.startswith("weights/")}
     memory = _memory(m)
@@ -591,6 +591,7 @@ def inspect_report(path: str, contents) -> dict:
         "provenance": m.get("provenance", {}), "compile_seconds": m.get("compile_seconds", {}),
         "passes": m.get("passes", []), "precision": m.get("precision"),
         "symbols": m.get("dims", {}), "constraints": m.get("constraints", []),
+        "gpu_codegen": m.get("gpu", {}).get("codegen"),
     }
 
 
@@ -626,6 +627,18 @@ def _nbytes(v: dict) -> int:
     return n * np.dtype(v["dtype"]).itemsize
 
 
+def _codegen_summary(r: dict) -> str:
+    """`` (--gpu-codegen auto: 12 cuda, 40 triton)`` for GPU artifacts."""
+    counts: dict[str, int] = {}
+    for k in r["kernels"]:
+        if k.get("codegen"):
+            counts[k["codegen"]] = counts.get(k["codegen"], 0) + 1
+    if not counts:
+        return ""
+    return (f" (--gpu-codegen {r.get('gpu_codegen') or 'triton'}: "
+            + ", ".join(f"{n} {c}" for c, n in sorted(counts.items())) + ")")
+
+
 def _print_inspect(r: dict) -> None:
     t = r["target"]
     print(f"artifact: {r['artifact']} ({_fmt_bytes(r['bytes'])}, format {r['format_version']}, "
@@ -634,9 +647,10 @@ def _print_inspect(r: dict) -> None:
           f"arch {t.get('arch')})")
     for kind in ("inputs", "outputs"):
         print(f"{kind + ':':<9} " + ", ".join(_spec_str(s) for s in r[kind]))
-    print(f"kernels:  kernel_count {r['kernel_count']}")
+    print(f"kernels:  kernel_count {r['kernel_count']}" + _codegen_summary(r))
     for k in r["kernels"]:
         print(f"  {k['symbol']:<6} {k['op'] or '?':<14} node '{k['node']}'  hash {k['hash']}"
+              + (f"  {k['codegen']}" if k.get("codegen") else "")
               + ("  tuned" if k["tuned"] else "") + (f"  ({k['note']})" if k["note"] else ""))
     print(f"host ops: {', '.join(r['host_ops']) or 'none (every op runs as generated code)'}")
     if r.get("precision"):

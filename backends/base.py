@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import NotImplementedYetError
+from ..targets.target import BACKENDS
 
 
 @dataclass
@@ -69,9 +70,11 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def register(name: str, where: str) -> None:
-    """Make backend ``name`` available: ``where`` is ``"package.module:ClassName"``."""
+def register(name: str, where: str, kind: str) -> None:
+    """Make backend ``name`` available to targets of ``kind`` ("cpu" or "gpu"): ``where`` is
+    ``"package.module:ClassName"``, imported when a compile first asks for it."""
     REGISTRY[name] = where
+    BACKENDS.setdefault(kind, set()).add(name)  # target files may now name it
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -66,12 +66,14 @@ class GpuBackend(Backend):
         if made:
             plan.drop_unused_constants()
 
+    def tuned_for(self, k, db) -> dict | None:
+        """The tuning record's launch parameters of kernel ``k`` (stage -> parameters)."""
+        if db is None:
+            return None
+        return db.lookup(k.structural_hash(), with_bucket(self.features(), size_bucket(k)))
+
     def tuned_records(self, plan, db) -> dict[str, dict]:
-        feats = self.features()
-        return {k.name: rec for k in plan.kernels
-                if db is not None and (rec := db.lookup(k.structural_hash(),
-                                                        with_bucket(feats, size_bucket(k))))
-                is not None}
+        return {k.name: rec for k in plan.kernels if (rec := self.tuned_for(k, db)) is not None}
 
     def codegen_chooser(self, plan, db, sizes: SizeParams):
         """kernel -> the Codegen rendering it."""
@@ -88,4 +90,5 @@ class GpuBackend(Backend):
             plan.kernels, self.target, self.codegen_chooser(plan, db, sizes), sizes, dump,
             aot=self.options.get("aot", True), tuned=self.tuned_records(plan, db),
             constants=plan.kernel_constants())
+        extra["gpu"]["codegen"] = self.name
         return Built(members, kernels, {**extra, "library": None, "entry": None})

@@ -64,6 +64,7 @@ class GpuTuneReport:
     baseline_seconds: float = 0.0
     tuned_seconds: float = 0.0
     stopped_by_budget: bool = False
+    codegen: dict = dataclasses.field(default_factory=dict)  # auto: kernels each generator won
 
     def gain(self) -> float:
         return self.baseline_seconds / self.tuned_seconds if self.tuned_seconds else 1.0
@@ -276,9 +277,12 @@ class DeviceMeasurer:
                               "--tuning-db") from None
         self.timer = EventTimer(self.device)
 
-    def __call__(self, cands: list[Candidate]) -> list[float]:
+    def __call__(self, cands: list[Candidate], compile=None) -> list[float]:
+        """Seconds per candidate (inf where it fails); ``compile(functions) -> {name: Binary}``
+        builds other code than Triton's (CUDA C)."""
         self.open()  # compile workers are fresh processes (fork+exec): no CUDA state shared
-        binaries = compile_tolerant([f for c in cands for f in c.fns], self.tgt, self.jobs)
+        fns = [f for c in cands for f in c.fns]
+        binaries = compile(fns) if compile else compile_tolerant(fns, self.tgt, self.jobs)
         out, buffers = [], {}
         for c in cands:
             bins = [binaries.get(f.name) for f in c.fns]

@@ -1,0 +1,36 @@
+"""CUDA C as a GPU code generator of the GPU build (backends/gpu_build.py: ``Codegen``)."""
+from __future__ import annotations
+
+from ...tensor_ir.kernel import Kernel
+from ..device_code import Binary, GpuFunction
+from ..triton.sizes import SizeParams
+from .render import CudaRenderer
+from .toolchain import compile_cuda, nvrtc_version
+
+
+class CudaCodegen:
+    name = "cuda"
+    source_member = "gpu/kernels.cu"
+    suffix = ".cu"
+
+    def __init__(self, target, sizes: SizeParams, allow_tf32: bool = False) -> None:
+        self.renderer = CudaRenderer(target, allow_tf32=allow_tf32)
+        self.renderer.sizes = sizes
+
+    def supports(self, k: Kernel) -> str | None:
+        return self.renderer.supports(k)
+
+    def prepare(self, k: Kernel, constants: dict | None) -> Kernel:
+        return k  # stages as lowered: no Triton stage fusion, no attention template
+
+    def render(self, k: Kernel, tuned: dict | None) -> list[GpuFunction]:
+        return self.renderer.kernel(k)  # the CUDA templates have no tuned parameters yet
+
+    def module(self, functions: list[GpuFunction]) -> str:
+        return self.renderer.module(functions)
+
+    def compile(self, functions: list[GpuFunction], source: str, tgt) -> dict[str, Binary]:
+        return compile_cuda(functions, source, tgt)
+
+    def version(self) -> str:
+        return nvrtc_version()
