@@ -1,12 +1,12 @@
 """Artifacts compiled on a CPU-only machine, checked on the GPU machine.
 
-    python -m deploy.bench.carried make resnet50 mobilenet_v2 bert_base --out .devcache
+    python -m deploy.bench.carried make resnet50 mobilenet_v2 bert_base --out carried
         [--target h100] [--dtype fp16] [--batch 1] [--max-mb 56] [--tiny]
-    python -m deploy.bench.carried check .devcache          (on the GPU machine)
+    python -m deploy.bench.carried check carried            (on the GPU machine)
 
 ``make`` exports each model (``bench.models``: seeded random weights), compiles it for the
 target here, with no GPU, and writes into ``--out``: ``NAME.dpk`` when it is at most
-``--max-mb`` (the device tool carries 64 MiB in all) with ``NAME.npz`` (seeded inputs and ONNX
+``--max-mb`` (keep the folder small when it has to travel) with ``NAME.npz`` (seeded inputs and ONNX
 Runtime's float32 outputs), and for every model ``NAME.json`` (the compile options and the artifact's digest:
 SHA-256 of its kernel sources, weights and launch plan; compiled binaries left out).
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make", help="compile here, write what the GPU machine checks")
     m.add_argument("models", nargs="+")
-    m.add_argument("--out", default=".devcache")
+    m.add_argument("--out", default="carried")
     m.add_argument("--target", default="h100")
     m.add_argument("--dtype", default="fp16", choices=["fp32", "fp16", "bf16"])
     m.add_argument("--batch", type=int, default=1)
