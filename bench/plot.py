@@ -9,6 +9,7 @@ deploy's time divided by each peer's, per model (below 1 means deploy is faster)
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 
@@ -36,6 +37,12 @@ def tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
     return out
 
 
+def _number(cell: str) -> float:
+    """A table cell as a number: markdown emphasis (``**0.83**``) dropped, nan when empty."""
+    text = cell.strip().strip("*").strip()
+    return float(text) if text else float("nan")
+
+
 def main(src: str, dst: str) -> int:
     import matplotlib
     matplotlib.use("Agg")
@@ -52,11 +59,11 @@ def main(src: str, dst: str) -> int:
         width = 0.8 / len(ratios)
         for n, k in enumerate(ratios):
             xs = [i + n * width for i in range(len(rows))]
-            ax.bar(xs, [float(r[k]) for r in rows], width, label=header[k])
+            ax.bar(xs, [_number(r[k]) for r in rows], width, label=header[k])
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([i + width * (len(ratios) - 1) / 2 for i in range(len(rows))])
         ax.set_xticklabels([r[0] for r in rows], rotation=20, ha="right")
-        ax.set_title(heading, fontsize=9)
+        ax.set_title("\n".join(textwrap.wrap(heading, 72)), fontsize=9)
         ax.set_ylabel("time ratio (below 1: deploy faster)")
         ax.legend()
     fig.tight_layout()
