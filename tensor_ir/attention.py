@@ -396,34 +396,66 @@ def _masked(spec: AttentionSpec, constants: dict, kernel: Kernel) -> np.ndarray 
     select of one), kept when all are >= -2e4. Any other entry, or a logit reading anything but
     constants, gives None. With scores within +-1e4 a masked logit then sits 1e4 below every
     kept one: its exp is exactly 0 whatever the row's maximum (fp16 masks clip at -65504)."""
-    sizes = [e for _, e in spec.outer] + [spec.sq, spec.sk]
-    if not all(isinstance(e, int) for e in sizes):
-        return None  # symbolic sizes: the template evaluates the mask (no blocks skipped)
-    n = int(np.prod([e for _, e in spec.outer], dtype=np.int64)) * spec.sq * spec.sk
-    if n > GRID_LIMIT:
+    arrays = {b.name: np.asarray(constants[b.name]).reshape(b.shape)
+              for b in kernel.inputs if b.name in constants}
+    grid = _grid(spec, arrays)
+    if grid is None:
+        return None
+    outer, sq, sk = grid
+    if int(np.prod(outer, dtype=np.int64)) * sq * sk > GRID_LIMIT:
         return None
     rank = len(spec.outer) + 2
     env = {}
-    for a, (v, e) in enumerate(spec.outer):
+    for a, ((v, _), e) in enumerate(zip(spec.outer, outer)):
         env[v] = np.arange(e).reshape([e if k == a else 1 for k in range(rank)])
-    env[LI] = np.arange(spec.sq).reshape([1] * (rank - 2) + [spec.sq, 1])
-    env[LJ] = np.arange(spec.sk).reshape([1] * (rank - 1) + [spec.sk])
-    arrays = {b.name: np.asarray(constants[b.name]).reshape(b.shape)
-              for b in kernel.inputs if b.name in constants}
+    env[LI] = np.arange(sq).reshape([1] * (rank - 2) + [sq, 1])
+    env[LJ] = np.arange(sk).reshape([1] * (rank - 1) + [sk])
     values = []
     try:
         for score in (-1e4, 0.0, 1e4):
             env[QK] = np.float32(score)
             with np.errstate(all="ignore"):
                 values.append(np.asarray(_eval(spec.logits, env, arrays), np.float64))
-    except _NoMatch:
+    except (_NoMatch, IndexError):
         return None
     hi, lo = np.maximum.reduce(values), np.minimum.reduce(values)
     masked, kept = hi <= MASKED, lo >= KEPT
     if not np.all(masked | kept):
         return None
-    shape = tuple(e for _, e in spec.outer) + (spec.sq, spec.sk)
-    return np.broadcast_to(masked, shape)
+    return np.broadcast_to(masked, (*outer, sq, sk))
+
+
+SYMBOLIC_GRID = 256  # queries and keys a symbolic attention's mask is checked over (at least)
+
+
+def _grid(spec: AttentionSpec, arrays: dict) -> tuple[list[int], int, int] | None:
+    """(outer sizes, queries, keys) to evaluate the mask over: the real sizes, or where they are
+    symbolic and the logits do not depend on any size (no size in the expression, affine index
+    arithmetic, no symbolic outer variable read), a square grid covering every constant the
+    logits read: the mask is then one function of (i, j) at every size, and a causal one found
+    on the grid holds at each (the template still bounds keys by the real ``sk``)."""
+    outer = [e for _, e in spec.outer]
+    if all(isinstance(e, int) for e in (*outer, spec.sq, spec.sk)):
+        return outer, spec.sq, spec.sk
+    used = {x for x in walk(spec.logits) if isinstance(x, Var)}
+    if any(not isinstance(e, int) and v in used for v, e in spec.outer):
+        return None
+    if any(_size_dependent(x) for x in walk(spec.logits)):
+        return None
+    side = max([SYMBOLIC_GRID, *(d for a in arrays.values() for d in a.shape[-2:])])
+    return [e if isinstance(e, int) else 1 for e in outer], side, side
+
+
+def _size_dependent(e: Expr) -> bool:
+    """A size inside the expression, or index arithmetic that is not affine (a grid check of
+    an affine mask holds beyond the grid; of ``(i * j) % m`` it need not)."""
+    if isinstance(e, Const):
+        return not isinstance(e.value, (int, float, bool, np.generic))
+    if isinstance(e, Binary) and e.dtype is INDEX:
+        if e.op in (B.MOD, B.FLOORDIV, B.DIV, B.MAX, B.MIN):
+            return True
+        return e.op is B.MUL and not (isinstance(e.a, Const) or isinstance(e.b, Const))
+    return False
 
 
 def _causal_offset(masked: np.ndarray) -> int | None:

@@ -1,5 +1,6 @@
 """Reductions, arg-reductions, CumSum, TopK, quantization, host ops and control flow against ONNX
 Runtime on random inputs. Several ops share one model where they can, to keep compiles few."""
+import deploy
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -199,3 +200,27 @@ def test_loop_with_runtime_condition_freezes_carried_values():
                         "ten": np.array(10, np.float32)})
     for y0 in (0.3, 20.0):
         check_against_ort(model, {"c0": np.array(True), "y0": np.array([y0], np.float32)})
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_cumsum_over_a_symbolic_axis_runs_blocked(exclusive, reverse, dtype):
+    """A symbolic scan axis lowers to block sums + per-point sums (no serial stage), exact at
+    lengths around the block size (32) and across many blocks."""
+    from deploy.tensor_ir.lower.reduction import SCAN_BLOCK
+    node = helper.make_node("CumSum", ["x", "ax"], ["y"], exclusive=exclusive, reverse=reverse)
+    model = make_model([node], [("x", dtype, ["b", "n"])], [("y", dtype, ["b", "n"])],
+                       initializers={"ax": np.array(1)})
+    art = deploy.compile(model, target="host")
+    assert all(st.store_index is None for k in _kernels(model) for st in k.stages)
+    mod, rng = art.load(), np.random.default_rng(7)
+    for b, n in [(1, 1), (2, SCAN_BLOCK - 1), (3, SCAN_BLOCK), (2, SCAN_BLOCK + 1), (2, 517)]:
+        x = (rng.standard_normal((b, n)) * 3).astype(dtype)
+        np.testing.assert_allclose(mod.run({"x": x})[0], run_ort(model, {"x": x})[0],
+                                   rtol=1e-5, atol=1e-4)
+
+
+def _kernels(model):
+    from deploy.compiler import lower_only
+    return lower_only(model, "host").kernels

@@ -131,7 +131,50 @@ def lower_scan(ctx: LowerCtx, combine, identity: int) -> list:
 
 @lowering(ops.reduction.CumSum)
 def lower_cumsum(ctx: LowerCtx):
+    x = ctx.ins[0]
+    if x.shape and isinstance(x.shape[_axis(ctx)], Sym):
+        return lower_blocked_cumsum(ctx)
     return lower_scan(ctx, lambda acc, v: acc + v, 0)
+
+
+SCAN_BLOCK = 32  # elements per block of a blocked scan
+
+
+def lower_blocked_cumsum(ctx: LowerCtx) -> list:
+    """CumSum over a symbolic axis as two parallel stages instead of a serial scan (which a
+    GPU runs on one thread): block sums ``t[b] = sum x[32b : 32b+32]``, then ``out[u] = sum of
+    the blocks before u's + the elements of u's block up to u`` in scan order ``u`` (reversed
+    for ``reverse``). O(n * 32 + (n / 32)**2) work per row, every point independent."""
+    x, out = ctx.ins[0], ctx.out
+    excl, rev = bool(ctx.attr("exclusive")), bool(ctx.attr("reverse"))
+    axis = _axis(ctx)
+    n = x.shape[axis]
+    nb = (n + SCAN_BLOCK - 1) // SCAN_BLOCK
+    sums = ctx.temp(x.shape[:axis] + (nb,) + x.shape[axis + 1:], x.dtype)
+    zero = const(0, x.dtype)
+
+    def load(vs, u):  # x at scan position u (clamped: the loads of masked-off lanes stay inside)
+        u = binary(B.MIN, u, Const(n - 1, INDEX))
+        return x[tuple(vs[:axis]) + ((n - 1) - u if rev else u,) + tuple(vs[axis + 1:])]
+
+    def block_sum(*vs):
+        ((r, _),) = rv = reduce_vars([SCAN_BLOCK])
+        u = vs[axis] * SCAN_BLOCK + r
+        return Reduce(R.SUM, rv, select(binary(B.LT, u, Const(n, INDEX)), load(vs, u), zero),
+                      x.dtype)
+
+    def scan(*vs):
+        u = (n - 1) - vs[axis] if rev else vs[axis]
+        blk = u // SCAN_BLOCK
+        ((c, _),) = cv = reduce_vars([nb])
+        at_c = tuple(vs[:axis]) + (c,) + tuple(vs[axis + 1:])
+        before = Reduce(R.SUM, cv, select(binary(B.LT, c, blk), sums[at_c], zero), x.dtype)
+        ((r, _),) = rv = reduce_vars([SCAN_BLOCK])
+        w = blk * SCAN_BLOCK + r
+        keep = binary(B.LT if excl else B.LE, w, u)
+        return before + Reduce(R.SUM, rv, select(keep, load(vs, w), zero), x.dtype)
+
+    return [compute(sums, block_sum), compute(out, scan)]
 
 
 @lowering(ops.reduction.TopK)
