@@ -133,20 +133,22 @@ def _cooperative_reduce(ctx: StageContext, red: Reduce, body: Expr, name: str, g
     v = ctx.expr(body, lines, ind)
     lines.append(f"{ind}{name} = {combine.format(a=name, v=v)};")
     lines.append(f"{IND}}}")
-    _warp_combine(lines, name, combine)
+    _warp_combine(lines, name, combine, ctype)
     if group > 32:  # across the block's warps, through shared memory
         smem = f"(({ctype}*)red_smem_)"
         lines += [f"{IND}if ((threadIdx.x & 31) == 0) {smem}[threadIdx.x >> 5] = {name};",
                   f"{IND}__syncthreads();",
                   f"{IND}{name} = (threadIdx.x & 31) < {threads // 32} ? "
                   + f"{smem}[threadIdx.x & 31] : ({ctype}){init};"]
-        _warp_combine(lines, name, combine)
+        _warp_combine(lines, name, combine, ctype)
         lines.append(f"{IND}__syncthreads();")  # before the next reduction reuses red_smem_
 
 
-def _warp_combine(lines: list[str], name: str, combine: str) -> None:
-    lines.append(f"{IND}for (int o_ = 16; o_ > 0; o_ >>= 1) "
-                 f"{name} = {combine.format(a=name, v=f'dp_shfl_xor({name}, o_)')};")
+def _warp_combine(lines: list[str], name: str, combine: str, ctype: str) -> None:
+    # the shuffle into a local first: every lane runs it (the combine may read its operand
+    # twice, under a condition)
+    lines.append(f"{IND}for (int o_ = 16; o_ > 0; o_ >>= 1) {{ const {ctype} v_ = "
+                 f"dp_shfl_xor({name}, o_); {name} = {combine.format(a=name, v='v_')}; }}")
 
 
 def _combine(red: Reduce) -> str:
