@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ...tensor_ir.expr import Expr
+from ...tensor_ir.expr import Expr, Load, walk
 from ...tensor_ir.kernel import Buffer, Kernel, Stage
 from ..device_code import GpuFunction
 from ..triton.exprs import PTR_TYPE
@@ -92,7 +92,7 @@ class StageContext:
         used = [n for n in self.buffers if re.search(rf"\b{ident(n)}\b", text)]
         roots = {self.root(n) for n in used}
         args = [b.name for b in (*k.inputs, *k.outputs, *k.temps) if b.name in roots]
-        params = [self._pointer(name) + " " + ident(name) for name in args]
+        params = [self._pointer(name, restrict=True) + " " + ident(name) for name in args]
         decls = [f"  {self._pointer(n)} {ident(n)} = ({self._pointer(n)}){ident(self.root(n))};"
                  for n in used if self.root(n) != n]
         sizes = [p for p in sorted(self.sizes) if re.search(rf"\b{p}\b", text)]
@@ -109,7 +109,24 @@ class StageContext:
                            body.template, s, dict(body.meta), sizes=sizes, codegen="cuda",
                            shared=body.shared)
 
-    def _pointer(self, name: str) -> str:
-        """The pointer type of buffer ``name``: const unless the stage writes its memory."""
+    def _pointer(self, name: str, restrict: bool = False) -> str:
+        """The pointer type of buffer ``name``: const unless the stage writes its memory;
+        ``__restrict__`` (a parameter) unless its memory may be both read and written: the
+        written buffer when the stage reads it, and a kernel input and output that the memory
+        plan may place at one address (``memory.inplace_pairs``: same shape and dtype)."""
         const = "" if self.root(name) == self.root(self.stage.out) else "const "
-        return f"{const}{storage_type(self.buffers[name].dtype)}*"
+        shared = self._may_share() | ({self.root(self.stage.out)} if self._reads_written() else set())
+        qual = " __restrict__" if restrict and self.root(name) not in shared else ""
+        return f"{const}{storage_type(self.buffers[name].dtype)}*{qual}"
+
+    def _reads_written(self) -> bool:
+        st, written = self.stage, self.root(self.stage.out)
+        return any(isinstance(x, Load) and self.root(x.buf) == written
+                   for e in (st.body, *(st.store_index or ())) for x in walk(e))
+
+    def _may_share(self) -> set[str]:
+        """The written output and the inputs the memory plan may overwrite with it."""
+        out = self.buffers[self.root(self.stage.out)]
+        partners = {b.name for b in self.kernel.inputs
+                    if tuple(b.shape) == tuple(out.shape) and b.dtype is out.dtype}
+        return partners | {out.name} if partners else set()

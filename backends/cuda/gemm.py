@@ -63,7 +63,16 @@ def gemm(ctx: StageContext, st: Stage) -> Body | None:
         return None
     half = _half_dtype(c)
     tile = _choose(c, st, ctx, half is not None)
-    return GemmWriter(ctx, st, c, tile, half).body()
+    writer = GemmWriter(ctx, st, c, tile, half)
+    if half is not None:
+        from .gemm_async import AsyncGemmWriter, direct
+        ops = [direct(op, [st.vars[k] for k in rows], [st.extents[k] for k in rows],
+                      writer.rvars, writer.rext, [st.vars[k] for k in c.outer], extent, c.k,
+                      ctx.buffers)
+               for op, rows, extent in ((c.a, c.mvars, c.m), (c.b, c.nvars, c.n))]
+        if all(ops) and AsyncGemmWriter.fits(tile, writer.threads):
+            writer = AsyncGemmWriter(ctx, st, c, tile, half, *ops)
+    return writer.body()
 
 
 def _half_dtype(c: Contraction) -> DType | None:

@@ -95,3 +95,32 @@ static __device__ __forceinline__ void dp_mma_bf16(float* c, const uint32_t* a, 
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+/* sm_80 asynchronous copies and shared-memory matrix loads (the pipelined GEMM) */
+static __device__ __forceinline__ unsigned dp_smem(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void dp_cp_async16(void* dst, const void* src, bool full) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(dp_smem(dst)), "l"(src), "r"(full ? 16 : 0));  /* 0 bytes read: zeros */
+}
+static __device__ __forceinline__ void dp_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> static __device__ __forceinline__ void dp_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N));
+}
+static __device__ __forceinline__ void dp_ldsm_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(dp_smem(p)));
+}
+static __device__ __forceinline__ void dp_ldsm_x4_t(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(dp_smem(p)));
+}
+static __device__ __forceinline__ void dp_ldsm_x2(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(dp_smem(p)));
+}
+static __device__ __forceinline__ void dp_ldsm_x2_t(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(dp_smem(p)));
+}

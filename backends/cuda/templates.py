@@ -26,6 +26,8 @@ from .sizes import cu_size
 
 IND = "  "
 POINTWISE_THREADS = 256
+POINTWISE_UNROLL = 4  # points per thread of large pointwise stages
+POINTWISE_UNROLL_MIN = 1 << 20  # points from which a stage is large
 WARP_ROWS_BLOCK = 4  # warps (output points) per block of the warp-per-point reduction
 MIN_COOP = 32  # reductions shorter than this run serially in each thread (pointwise)
 WARP_MAX = 1024  # longer reductions take a block per output point
@@ -71,15 +73,24 @@ def _identity(index, vars_, extents) -> bool:
 # ---- pointwise -------------------------------------------------------------------------------
 
 def pointwise(ctx: StageContext, st: Stage) -> Body:
-    """One thread per point of the stage's domain; reductions inside run serially."""
+    """A thread per point of the stage's domain; reductions inside run serially. Large
+    domains give each thread ``POINTWISE_UNROLL`` points a block apart (coalesced, and their
+    loads in flight together)."""
     n = numel(st.extents)
     threads = POINTWISE_THREADS
-    lines = [f"{IND}const {ctx.idx} p_ = (({ctx.idx})blockIdx.x) * {threads} + threadIdx.x;",
-             f"{IND}if (p_ >= {cu_size(n)}) return;"]
-    ctx.decompose(lines, "p_", st.vars, st.extents, IND)
-    value = ctx.expr(st.body, lines, IND)
-    lines.append(IND + ctx.store(value))
-    return Body(lines, (cdiv(n, threads),), threads, "pointwise")
+    unroll = POINTWISE_UNROLL if hint(n) >= POINTWISE_UNROLL_MIN else 1
+    i = ctx.idx
+    lines = [f"{IND}const {i} base_ = (({i})blockIdx.x) * {threads * unroll} + threadIdx.x;",
+             "#pragma unroll",
+             f"{IND}for (int u_ = 0; u_ < {unroll}; ++u_) {{",
+             f"{IND * 2}const {i} p_ = base_ + u_ * {threads};",
+             f"{IND * 2}if (p_ < {cu_size(n)}) {{"]
+    ind = IND * 3
+    ctx.decompose(lines, "p_", st.vars, st.extents, ind)
+    value = ctx.expr(st.body, lines, ind)
+    lines += [ind + ctx.store(value), f"{IND * 2}}}", f"{IND}}}"]
+    return Body(lines, (cdiv(n, threads * unroll),), threads, "pointwise",
+                meta={"unroll": unroll})
 
 
 # ---- reductions: a warp or a block per output point ------------------------------------------

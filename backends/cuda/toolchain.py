@@ -23,6 +23,7 @@ from ..device_code import Binary, GpuFunction
 from .render import PRELUDE
 
 INSTALL = "pip install cuda-bindings nvidia-cuda-nvrtc"
+FORMAT = 2  # bump when what is cached for a source changes (2: PTX stamped portable_ptx)
 OPTIONS = ("-default-device", "--std=c++17", "--ftz=false", "--prec-div=true",
            "--prec-sqrt=true", "--fmad=true")  # (-lineinfo for profiling: 3.5x larger cubins)
 
@@ -73,7 +74,7 @@ def compile_cuda(functions: list[GpuFunction], source: str, tgt,
 def compile_module(source: str, arch: str) -> tuple[dict[str, bytes], str]:
     """{"cubin": ..., "ptx": ...} of a translation unit for ``arch``, and its cache key."""
     version = nvrtc_version()
-    key = hashlib.sha256(repr((source, arch, OPTIONS, version)).encode()).hexdigest()[:24]
+    key = hashlib.sha256(repr((source, arch, OPTIONS, version, FORMAT)).encode()).hexdigest()[:24]
     cached = _cache_read(key)
     if cached is not None:
         return cached, key
@@ -92,9 +93,29 @@ def _nvrtc_compile(source: str, arch: str) -> dict[str, bytes]:
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(f"NVRTC could not compile the CUDA C module for {arch}:\n"
                                f"{_log(nvrtc, prog)}\n--- source ---\n{_numbered(source)}")
-        return {"cubin": _read(nvrtc, prog, "CUBIN"), "ptx": _read(nvrtc, prog, "PTX")}
+        ptx = portable_ptx(_read(nvrtc, prog, "PTX"), arch)
+        return {"cubin": _read(nvrtc, prog, "CUBIN"), "ptx": ptx}
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+# The first PTX ISA version with each architecture (PTX ISA release notes). NVRTC stamps its own
+# (13.5 writes 9.5), and a driver refuses PTX newer than itself (CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
+# seen with driver 580 / CUDA 13.0, which JIT-loads the same text stamped 8.0). The templates use
+# nothing newer than their architecture's first version (mma.sync, cp.async, ldmatrix: 7.0), and an
+# instruction a version lacks fails the driver's parse at load, where the cubin is tried next.
+PTX_ISA = {"sm_80": (7, 0), "sm_86": (7, 1), "sm_87": (7, 4), "sm_89": (7, 8), "sm_90": (7, 8),
+           "sm_90a": (8, 0)}
+
+
+def portable_ptx(ptx: bytes, arch: str) -> bytes:
+    """``ptx`` stamped with the oldest PTX ISA version that has ``arch`` (never a newer one), so
+    drivers older than the NVRTC that wrote it JIT it."""
+    floor = PTX_ISA.get(arch)
+    m = re.search(rb"^\.version (\d+)\.(\d+)", ptx, re.MULTILINE)
+    if floor is None or m is None or (int(m.group(1)), int(m.group(2))) <= floor:
+        return ptx
+    return ptx[:m.start()] + b".version %d.%d" % floor + ptx[m.end():]
 
 
 def _read(nvrtc, prog, kind: str) -> bytes:
