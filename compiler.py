@@ -32,6 +32,7 @@ from .graph_ir.ops import Kind, movement, signal
 from .graph_ir.passes import precision, run_pipeline
 from .graph_ir.printer import print_graph
 from .graph_ir.sym import Sym, dim_json, free_symbols
+from .graph_ir.verify import check_symbol_order
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
 from .tensor_ir.constants import inline_scalars
@@ -343,6 +344,7 @@ def _plan(graph: Graph) -> Plan:
                if n.op.kind is not Kind.HOST and n.op not in VIEW_OPS and n.op not in LOWERINGS]
     if missing:
         raise UnsupportedOpsError(missing, "graph")
+    check_symbol_order(graph)  # sizes host ops tell are bound before the kernels using them
     ids: dict[Value, int] = {}
 
     def vid(v: Value) -> int:
@@ -373,12 +375,16 @@ def _plan(graph: Graph) -> Plan:
             used_consts[vid(v)] = graph.constants[v]
         vid(v)
     symbols = sorted({s for v in graph.inputs for d in v.shape for s in free_symbols(d)})
+    runtime = sym.context().runtime  # sizes read off host ops' outputs, after the input symbols
+    symbols += sorted({s for v in ids for d in v.shape for s in free_symbols(d)} & set(runtime))
     return Plan(ids, steps, kernels, used_consts, host_ops, symbols=symbols,
                 output_ids=[ids[v] for v in graph.outputs])
 
 
 def _plan_memory(graph: Graph, plan: Plan) -> MemoryPlan:
-    nbytes = {i: (v.type.sym_numel * v.dtype.itemsize if v.type.is_symbolic else None)
+    runtime = set(sym.context().runtime)  # sizes known after a host op ran: fresh buffers
+    nbytes = {i: (v.type.sym_numel * v.dtype.itemsize if v.type.is_symbolic and not
+                  runtime & {s for d in v.shape for s in free_symbols(d)} else None)
               for v, i in plan.ids.items()}
     outside = {plan.ids[v] for v in graph.inputs} | set(plan.constants) | \
         {plan.ids[v] for v in graph.outputs}

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import Graph, Node, Value
-from .ops import OpDef, get
+from .ops import Kind, OpDef, get
+from .sym import SymbolicError, context, free_symbols
 from .symfold import fold_symbolic, is_symbolic_array, settle
 from .types import DType, TensorType
 
@@ -85,6 +86,8 @@ class Builder:
         attrs = op.normalize_attrs(attrs)
         types = op.infer([None if v is None else v.type for v in inputs], attrs)
         node_name = self.fresh(name or op.name.lower()) if name else self.fresh(op.name.lower())
+        if op.kind is Kind.HOST:
+            types = self._runtime_dims(types, node_name)
         out_names = out_names or [f"{node_name}_out{k}" if len(types) > 1 else node_name
                                   for k in range(len(types))]
         if any(v in self.sym_values for v in inputs if v is not None):
@@ -96,13 +99,41 @@ class Builder:
         self.nodes.append(Node(op, inputs, outs, attrs, node_name))
         return list(outs)
 
+    def _runtime_dims(self, types: list[TensorType], node_name: str) -> list[TensorType]:
+        """A host op's data-dependent dims (str names in its shape rule) as fresh symbols that
+        the runtime reads off the op's outputs once it has run; kernels after it take them as
+        size arguments like the input symbols.
+
+        Before: ``NonZero(x): int64[2, "nonzero_count"]``.
+        After: ``int64[2, nonzero_count]`` with ``nonzero_count`` a ``Sym`` in
+        ``sym.context().runtime`` (range 0..)."""
+        ctx, taken = context(), {s for v in self.inputs for d in v.shape for s in free_symbols(d)}
+        out = []
+        for k, t in enumerate(types):
+            dims = []
+            for a, d in enumerate(t.shape):
+                if isinstance(d, str):
+                    d = ctx.runtime_symbol(d, f"dim {a} of output {k} of host op '{node_name}'",
+                                           taken)
+                dims.append(d)
+            out.append(TensorType(tuple(dims), t.dtype))
+        return out
+
     def _fold_symbolic(self, op, inputs, attrs, out_names, types) -> list[Value]:
         """An op over shape values folds at compile time or raises SymbolicError."""
         runtime = [v for v in inputs if v is not None and self.value_of(v) is None]
         if runtime:  # run-time data reads the shape values: they become tensors
             inputs = tuple(self.materialize(v) for v in inputs)
             return self.emit(op, inputs, out_names=out_names, **attrs)
-        arrays = fold_symbolic(op, [self.value_of(v) for v in inputs], attrs)
+        try:
+            arrays = fold_symbolic(op, [self.value_of(v) for v in inputs], attrs)
+        except SymbolicError as e:
+            # a size a host op's output tells cannot be bound at compile time: compute with it
+            # at run time instead (input symbols are bound by the compiler and compiled again)
+            if not e.symbols or not set(e.symbols) <= context().runtime.keys():
+                raise
+            inputs = tuple(self.materialize(v) for v in inputs)
+            return self.emit(op, inputs, out_names=out_names, **attrs)
         return [self.sym_const(a, n) if is_symbolic_array(a) else self.const(a, n, t.dtype)
                 for a, n, t in zip(arrays, out_names, types)]
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .sym import Sym, context, free_symbols
 from .types import TensorType
 
 if TYPE_CHECKING:
@@ -81,3 +82,39 @@ class Graph:
         for n in self.nodes:
             hist[n.op.name] = hist.get(n.op.name, 0) + 1
         return dict(sorted(hist.items()))
+
+
+def node_symbols(n: Node) -> set[str]:
+    """The symbols ``n``'s output sizes and attributes mention (a Fused node's body too)."""
+    out = {s for v in n.outputs for d in v.shape for s in free_symbols(d)}
+    stack = list(n.attrs.values())
+    while stack:
+        a = stack.pop()
+        if isinstance(a, Sym):
+            out |= free_symbols(a)
+        elif isinstance(a, (tuple, list)):
+            stack += a
+        elif isinstance(a, np.ndarray) and a.dtype == object:
+            stack += list(a.reshape(-1))
+        elif isinstance(a, Graph):
+            for m in a.nodes:
+                out |= node_symbols(m)
+    return out
+
+
+def symbol_deps(g: Graph) -> dict[Node, list[Node]]:
+    """Node -> the host nodes whose outputs bind runtime symbols it uses (``sym.context().
+    runtime``) without reading those outputs: a ``SymValue`` of a NonZero count, a Full shaped
+    by it. Passes that drop or reorder nodes keep these as dependencies."""
+    from .ops.registry import Kind
+    runtime = context().runtime
+    if not runtime:
+        return {}
+    binder = {s: n for n in g.nodes if n.op.kind is Kind.HOST for v in n.outputs
+              for d in v.shape for s in free_symbols(d) & runtime.keys()}
+    deps = {}
+    for n in g.nodes:
+        need = [binder[s] for s in sorted(node_symbols(n) & binder.keys()) if binder[s] is not n]
+        if need:
+            deps[n] = list(dict.fromkeys(need))
+    return deps

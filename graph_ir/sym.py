@@ -42,6 +42,20 @@ class SymContext:
     ranges: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     hints: dict[str, int] = field(default_factory=dict)
     equal: list[tuple[object, object, str]] = field(default_factory=list)  # (a, b, where)
+    # symbols bound at run time from a host op's output (NonZero's count, an OnnxNode's dims):
+    # name -> where it comes from; their range starts at 0
+    runtime: dict[str, str] = field(default_factory=dict)
+
+    def runtime_symbol(self, name: str, where: str, taken=()) -> Sym:
+        """A fresh size read off a host op's output when it has run (``name`` made unique,
+        also against ``taken``: the input symbols)."""
+        base, k = name, 0
+        while name in self.runtime or name in self.ranges or name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.runtime[name] = where
+        self.ranges[name] = (0, None)
+        return Sym.symbol(name)
 
     def hint(self, name: str) -> int:
         if name in self.hints:

@@ -54,6 +54,9 @@ class Module:
             return
         self._program = ShapeProgram(m) if m.get("symbols") else None
         self._raw_shapes = {int(k): v["shape"] for k, v in m["values"].items()}
+        # values whose sizes a host op's output tells (runtime symbols): shaped as the run goes
+        self._late = ({vid for vid, raw in self._raw_shapes.items()
+                       if self._program.uses_runtime(raw)} if self._program else set())
         self._sigs: collections.OrderedDict = collections.OrderedDict()
         static = self._program is None
         self.values = {int(k): (storage_dtype(v["dtype"]), None if any(map(is_symbolic, v["shape"]))
@@ -196,12 +199,14 @@ class Module:
         key = self._program.values(env)
         sig = self._sigs.get(key)
         if sig is None:
-            shapes = {vid: shape_of(raw, env) for vid, raw in self._raw_shapes.items()}
+            shapes = {vid: shape_of(raw, env) for vid, raw in self._raw_shapes.items()
+                      if vid not in self._late}
             offsets, arena_bytes = place([(v, evaluate(n["sym"] if isinstance(n, dict) else n, env),
                                            a, b) for v, n, a, b in self._deferred])
             offsets.update({v: offsets[r] for v, r in self._shared.items() if r in offsets})
-            sig = Signature(shapes, np.array(key, dtype=np.int64), self._output_views(shapes),
-                            offsets, arena_bytes)
+            sig = Signature(shapes, np.array(key, dtype=np.int64),
+                            None if self._late else self._output_views(shapes), offsets,
+                            arena_bytes, env)
             self._sigs[key] = sig
             if len(self._sigs) > SIGNATURES:
                 self._sigs.popitem(last=False)
@@ -236,6 +241,8 @@ class Module:
         env.update(zip(self.manifest["input_ids"], arrays))
         if sig is not None:
             self._bind_arena(ws, sig)
+            if self._late:
+                sig = RunSizes(sig, self._raw_shapes)
         for step in self.steps:
             self._step(step, env, ws.arena, sig)
         owned = self._owned_outputs
@@ -322,6 +329,10 @@ class Module:
             outs = HOST_OPS[step["op"]](ins, step.get("attrs", {}))
             for vid, arr in zip(step["outputs"], outs):
                 env[vid] = np.ascontiguousarray(arr, dtype=self.values[vid][0])
+            if isinstance(sig, RunSizes):
+                sig.bind(self._program, [(self._raw_shapes[v], env[v].shape)
+                                         for v in step["outputs"]],
+                         f"host op '{step.get('node')}' ({step['op']})")
         else:
             raise ArtifactError(f"{self.path}: unknown plan step kind {kind!r}")
 
@@ -350,12 +361,42 @@ class Signature:
     """One set of symbol values: every value's shape, the int64 array kernels receive, and
     the outputs' views."""
 
-    __slots__ = ("arena_bytes", "dims", "offsets", "out_views", "shapes")
+    __slots__ = ("arena_bytes", "dims", "env", "offsets", "out_views", "shapes")
 
-    def __init__(self, shapes: dict, dims: np.ndarray, out_views: dict, offsets: dict,
-                 arena_bytes: int):
+    def __init__(self, shapes: dict, dims: np.ndarray, out_views: dict | None, offsets: dict,
+                 arena_bytes: int, env: dict | None = None):
         self.shapes, self.dims, self.out_views = shapes, dims, out_views
-        self.offsets, self.arena_bytes = offsets, arena_bytes
+        self.offsets, self.arena_bytes, self.env = offsets, arena_bytes, env or {}
+
+
+class RunSizes:
+    """One run's sizes where host ops bind symbols as they run (runtime symbols): the
+    signature's shapes, and those of later values evaluated once their symbols are known; the
+    kernels' int64 size array filled in as symbols are bound."""
+
+    __slots__ = ("dims", "env", "offsets", "shapes")
+
+    def __init__(self, sig: Signature, raw_shapes: dict):
+        self.env, self.dims, self.offsets = dict(sig.env), sig.dims.copy(), sig.offsets
+        self.shapes = _LateShapes(sig.shapes, raw_shapes, self.env)
+
+    def bind(self, program: ShapeProgram, shapes: list, where: str) -> None:
+        program.bind_outputs(self.env, shapes, where)
+        self.dims[:] = program.values(self.env)
+
+
+class _LateShapes(dict):
+    def __init__(self, known: dict, raw: dict, env: dict):
+        super().__init__(known)
+        self.raw, self.env = raw, env
+
+    def __missing__(self, vid: int) -> tuple[int, ...]:
+        try:
+            shape = self[vid] = shape_of(self.raw[vid], self.env)
+        except KeyError as e:  # a kernel before the host op that sizes it: a compiler bug
+            raise ArtifactError(f"value {vid}'s size needs {e}, which no host op has bound "
+                                "yet") from None
+        return shape
 
 
 class Workspace:

@@ -55,8 +55,36 @@ class ShapeProgram:
     def __init__(self, manifest: dict):
         self.symbols: list[str] = list(manifest.get("symbols", []))
         self.ranges = {k: tuple(v) for k, v in manifest.get("dims", {}).items()}
-        self.constraints = manifest.get("constraints", [])
+        self.constraints = [(a, b, where, _names(a["sym"]) | _names(b["sym"]))
+                            for a, b, where in manifest.get("constraints", [])]
         self.inputs = [(s["name"], s["shape"]) for s in manifest["inputs"]]
+        self.runtime = runtime_symbols(manifest)
+
+    def uses_runtime(self, shape: list) -> bool:
+        """Whether a value's shape is known only once a host op has run."""
+        return any(_names(d["sym"]) & self.runtime for d in shape if is_symbolic(d))
+
+    def bind_outputs(self, env: dict[str, int], shapes: list[tuple[list, tuple]],
+                     where: str) -> None:
+        """The symbols a host op's outputs define (``shapes``: (manifest shape, actual shape)
+        per output) into ``env``; InputError where an output disagrees with the compiled
+        shape or a constraint fails."""
+        new = set()
+        for spec, got in shapes:
+            if len(spec) != len(got):
+                raise InputError(f"{where}: output of rank {len(got)}, compiled for rank "
+                                 f"{len(spec)}")
+            for d, n in zip(spec, got):
+                if is_symbolic(d) and isinstance(d["sym"], str) and d["sym"] not in env:
+                    env[d["sym"]] = int(n)
+                    new.add(d["sym"])
+        for spec, got in shapes:
+            want = shape_of(spec, env)
+            if tuple(got) != want:
+                text = ", ".join(dim_text(d) for d in spec)
+                raise InputError(f"{where}: output of shape {list(got)}, but the artifact was "
+                                 f"compiled for [{text}] = {list(want)}")
+        self._check_constraints(env, new)
 
     def bind(self, shapes: list[tuple]) -> dict[str, int]:
         """Symbol values from the input shapes (in input order); InputError naming the symbol
@@ -73,7 +101,7 @@ class ShapeProgram:
                             f"and {got[k]}")
                     env.setdefault(sym, int(got[k]))
                     seen.setdefault(sym, name)
-        missing = [s for s in self.symbols if s not in env]
+        missing = [s for s in self.symbols if s not in env and s not in self.runtime]
         if missing:
             raise InputError(f"the input shapes do not determine {', '.join(missing)}")
         self._check_ranges(env)
@@ -98,15 +126,39 @@ class ShapeProgram:
                 raise InputError(f"input '{name}': expected shape [{text}] = {list(want)} with "
                                  f"{_env_text(env)}, got {list(got)}")
 
-    def _check_constraints(self, env) -> None:
-        for a, b, where in self.constraints:
+    def _check_constraints(self, env, new: set | None = None) -> None:
+        """Those whose symbols are all bound (``new``: only those involving these)."""
+        for a, b, where, names in self.constraints:
+            if (new is not None and not names & new) or not names <= env.keys():
+                continue
             va, vb = evaluate(a["sym"], env), evaluate(b["sym"], env)
             if va != vb:
                 raise InputError(f"{a['text']} must equal {b['text']} ({where}): got {va} and "
                                  f"{vb} with {_env_text(env)}")
 
     def values(self, env: dict[str, int]) -> tuple[int, ...]:
-        return tuple(env[s] for s in self.symbols)
+        """The symbols' values in kernel order (0 for those a host op has not bound yet)."""
+        return tuple(env.get(s, 0) for s in self.symbols)
+
+
+def _names(expr) -> set[str]:
+    """The symbol names of a prefix form."""
+    if isinstance(expr, str):
+        return {expr}
+    if isinstance(expr, list):
+        return set().union(*(_names(a) for a in expr[1:]))
+    return set()
+
+
+def runtime_symbols(manifest: dict) -> set[str]:
+    """Symbols bound at run time from a host op's output (a dim that is exactly the symbol),
+    not from the inputs: NonZero's count, the dims of an ``OnnxNode``'s output."""
+    from_inputs = {d["sym"] for s in manifest["inputs"] for d in s["shape"]
+                   if is_symbolic(d) and isinstance(d["sym"], str)}
+    values = manifest.get("values", {})
+    return {d["sym"] for step in manifest.get("steps", []) if step["kind"] == "host"
+            for v in step["outputs"] for d in values[str(v)]["shape"]
+            if is_symbolic(d) and isinstance(d["sym"], str) and d["sym"] not in from_inputs}
 
 
 def _env_text(env: dict[str, int]) -> str:

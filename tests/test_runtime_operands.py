@@ -7,7 +7,7 @@ from __future__ import annotations
 import deploy
 import numpy as np
 import pytest
-from deploy.errors import DeployError
+from deploy.errors import InputError
 from deploy.frontends.onnx import NeedsConstant, import_onnx
 from deploy.runtime.artifact import read_artifact
 from onnx import helper
@@ -84,11 +84,60 @@ def test_manifest_and_inspect_list_the_host_op(tmp_path):
     assert inspect_report(str(path), read_artifact(path))["host_ops"] == ["OnnxNode"]
 
 
-def test_a_kernel_reading_a_data_dependent_output_is_a_clear_error():
-    model = _reduce_model([helper.make_node("Relu", ["s"], ["y"], name="relu")])
-    with pytest.raises(DeployError, match=r"node 'relu' \(Relu\) reads .* host op 'rs' "
-                                          r"\(OnnxNode ReduceSum\)"):
-        deploy.compile(model)
+def test_kernels_after_a_data_dependent_output_take_its_sizes_at_run_time(rng):
+    # the output's dims are symbols read off the host op's result; one artifact, three sizes
+    model = _reduce_model([helper.make_node("Relu", ["s"], ["r"], name="relu"),
+                           helper.make_node("Softmax", ["r"], ["y"], axis=-1)])
+    mod = _check(model, [{"x": rng.standard_normal((3, 4), dtype=F32), "axes": np.array([a], I64)}
+                         for a in (0, 1, -1, 0)])
+    assert mod.manifest["kernel_count"] >= 1
+    assert any(s.startswith("s_dim") for s in mod.manifest["symbols"])
+
+
+def test_data_dependent_sizes_flow_through_shape_and_reshape(rng):
+    # NonZero's count and a run-time Reshape: Shape, Concat, ConstantOfShape and kernels over them
+    nodes = [helper.make_node("NonZero", ["m"], ["nz"]),
+             helper.make_node("Transpose", ["nz"], ["t"]),
+             helper.make_node("Cast", ["t"], ["tf"], to=1),
+             helper.make_node("Reshape", ["x", "shape"], ["xr"]),
+             helper.make_node("Shape", ["xr"], ["s"]),
+             helper.make_node("ConstantOfShape", ["s"], ["ones"],
+                              value=helper.make_tensor("v", 1, [1], [1.0])),
+             helper.make_node("Add", ["xr", "ones"], ["y"]),
+             helper.make_node("ReduceSum", ["tf"], ["z"], keepdims=0)]
+    model = make_model(nodes, [("m", np.bool_, (3, 5)), ("x", F32, (2, 6)), ("shape", I64, (2,))],
+                       [("y", F32, None), ("tf", F32, None), ("z", F32, None)], opset=18)
+    _check(model, [{"m": rng.random((3, 5)) > p, "x": rng.standard_normal((2, 6), dtype=F32),
+                    "shape": np.array(s, I64)}
+                   for p, s in ((0.5, [3, 4]), (1.0, [12, 1]), (0.2, [-1, 2]), (0.0, [2, 6]))])
+
+
+def test_run_time_sizes_as_data(rng):
+    # Shape of a run-time Reshape read as data (cast, scaled): a SymValue kernel after the host
+    # op, which stays although nothing reads its output's values; the host op itself comes
+    # after a kernel (Relu), so fusion must not hoist the SymValue above it
+    nodes = [helper.make_node("Relu", ["x"], ["xp"]),
+             helper.make_node("Reshape", ["xp", "shape"], ["xr"]),
+             helper.make_node("Shape", ["xr"], ["s"]),
+             helper.make_node("Cast", ["s"], ["sf"], to=1),
+             helper.make_node("Mul", ["sf", "v"], ["y"])]
+    model = make_model(nodes, [("x", F32, (2, 6)), ("shape", I64, (2,)), ("v", F32, (2,))],
+                       [("y", F32, None), ("s", I64, None)], opset=18)
+    _check(model, [{"x": rng.standard_normal((2, 6), dtype=F32), "shape": np.array(s, I64),
+                    "v": rng.standard_normal(2, dtype=F32)} for s in ([3, 4], [12, 1], [-1, 6])])
+
+
+def test_a_broken_equality_between_run_time_sizes_is_a_clear_error(rng):
+    # two run-time Reshapes added: their sizes must agree, checked when the second one has run
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["a"], name="r1"),
+             helper.make_node("Reshape", ["x", "s2"], ["b"], name="r2"),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    model = make_model(nodes, [("x", F32, (2, 6)), ("s1", I64, (2,)), ("s2", I64, (2,))],
+                       [("y", F32, None)])
+    x = rng.standard_normal((2, 6), dtype=F32)
+    mod = _check(model, [{"x": x, "s1": np.array([3, 4], I64), "s2": np.array([3, 4], I64)}])
+    with pytest.raises(InputError, match="must equal"):
+        mod.run({"x": x, "s1": np.array([3, 4], I64), "s2": np.array([4, 3], I64)})
 
 
 def test_a_kernel_reading_a_host_output_of_known_shape_works(rng):

@@ -1,8 +1,9 @@
 """Operands known only at run time: a node whose converter needs the value of an operand that
 is a run-time tensor (ReduceSum's axes, Reshape's shape, TopK's K ...) runs on the host as an
 ``OnnxNode`` (ONNX's reference evaluator, in the runtime), when compiling ahead of time. Its
-outputs' dims come from ONNX's shape inference where it can tell (else they are data-dependent);
-``check_data_dependent_reads`` refuses generated kernels that would read such sizes."""
+outputs' dims come from ONNX's shape inference where it can tell; the others are data-dependent:
+symbols the runtime reads off the outputs once the node has run (``sym.context().runtime``),
+which kernels after it take as size arguments."""
 from __future__ import annotations
 
 import base64
@@ -11,44 +12,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from ...errors import NotImplementedYetError
-from ...graph_ir.graph import Graph, Value
+from ...graph_ir.graph import Value
 from ...graph_ir.ops import host
-from ...graph_ir.ops.registry import Kind
 from ...graph_ir.sym import symbol_name
 from ...graph_ir.types import DType
 from .registry import OnnxCtx
-
-
-def check_data_dependent_reads(graph: Graph) -> None:
-    """A host op's data-dependent output (str dims: NonZero's count, an ``OnnxNode``'s sizes)
-    may leave the model or feed another host op; generated code cannot read it yet."""
-    producer = {v: n for n in graph.nodes for v in n.outputs}
-    live, stack = set(), [producer[v] for v in graph.outputs if v in producer]
-    while stack:  # only nodes the outputs need (a failed conversion may leave dead ones)
-        n = stack.pop()
-        if n not in live:
-            live.add(n)
-            stack += [producer[v] for v in n.inputs if v in producer]
-    bad = [(n, v) for n in graph.nodes if n in live and n.op.kind is not Kind.HOST
-           for v in n.inputs if v is not None and not v.type.is_symbolic
-           and v in producer and producer[v].op.kind is Kind.HOST]
-    if bad:
-        lines = [f"node '{n.name}' ({n.op.name}) reads %{v.name} of shape "
-                 f"[{', '.join(map(str, v.shape))}], which host op '{producer[v].name}' "
-                 f"({_host_label(producer[v])}) computes at run time" for n, v in bad]
-        raise NotImplementedYetError(
-            "generated kernels need sizes known at compile time or derived from the input "
-            "shapes; a host op's data-dependent output can only be a model output or feed "
-            "another host op:\n  - " + "\n  - ".join(lines) + "\nMake the run-time operand a "
-            "constant (an initializer, or compile(..., constant_inputs={name: array})).")
-
-
-def _host_label(node) -> str:
-    return f"OnnxNode {node.attrs['op_type']}" if node.op is host.OnnxNode else node.op.name
-
-
-
 
 
 def host_node(cx: OnnxCtx, node: onnx.NodeProto, env: dict) -> list | None:

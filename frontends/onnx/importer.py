@@ -17,7 +17,7 @@ from ...graph_ir.graph import Graph, Value
 from ...graph_ir.sym import Sym, SymbolicError, free_symbols, symbol_name
 from ...graph_ir.types import DType, TensorType
 from .expand import expand_functions, lacks
-from .host_fallback import check_data_dependent_reads, host_node
+from .host_fallback import host_node
 from .registry import CONVERTERS, DEFAULT_DOMAINS, NeedsConstant, OnnxCtx, op_key
 
 
@@ -123,7 +123,6 @@ def import_onnx(model, shapes: dict[str, tuple] | None = None,
     names = [o.name for o in proto.graph.output]
     _check_tensor_outputs(proto.graph, outputs)
     graph = cx.b.finish(outputs, names)
-    check_data_dependent_reads(graph)
     return graph, {"opset": cx.opset, "bound_dims": bound}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Graph, Value
+from ..ops import Kind
 
 SMALL_CONST = 64  # merge constants up to this many elements by value
 
@@ -40,7 +41,8 @@ def cse(g: Graph, target=None) -> Graph:
         n = n.replace(inputs=ins) if ins != n.inputs else n
         key = (n.op, tuple(id(v) for v in ins), _key(n.attrs))
         prev = seen.get(key)
-        if prev is not None and len(prev) == len(n.outputs):
+        if prev is not None and len(prev) == len(n.outputs) and n.op.kind is not Kind.HOST:
+            # (a host op's outputs bind their own runtime symbols, which later types name)
             for old, new in zip(n.outputs, prev):
                 subst[old] = new
             continue

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..graph import Graph, Node, Value
+from ..graph import Graph, Node, Value, symbol_deps
 from ..ops import Kind, get
 
 LIGHT = {Kind.ELEMENTWISE, Kind.MOVEMENT}
@@ -87,8 +87,10 @@ def partition(g: Graph) -> list[Group]:
     producer_group: dict[Value, Group] = {}
     groups: list[Group] = []
     order = {n: k for k, n in enumerate(g.nodes)}
+    sym_deps = symbol_deps(g)  # host ops binding sizes a node uses: dependencies too
     for n in g.nodes:
         in_groups = [producer_group[v] for v in n.inputs if v is not None and v in producer_group]
+        in_groups += [producer_group[h.outputs[0]] for h in sym_deps.get(n, ())]
         target = None
         if _fusible(n) or _is_view(n):
             for cand in dict.fromkeys(in_groups):
@@ -114,7 +116,7 @@ def partition(g: Graph) -> list[Group]:
         for v in n.outputs:
             producer_group[v] = target
     _peel_trailing_views(groups, producer_group)
-    return _toposort(groups, producer_group)
+    return _toposort(groups, producer_group, sym_deps)
 
 
 def _peel_trailing_views(groups: list[Group], producer_group: dict) -> None:
@@ -157,13 +159,14 @@ def _merge(into: Group, other: Group, groups: list[Group], producer_group: dict,
             gr.deps.add(into)
 
 
-def _toposort(groups: list[Group], producer_group: dict) -> list[Group]:
+def _toposort(groups: list[Group], producer_group: dict, sym_deps: dict) -> list[Group]:
     order, done = [], set()
     pending = list(groups)
     while pending:
         rest = []
         for gr in pending:
-            needs = {producer_group[v] for n in gr.nodes for v in n.inputs
+            needs = {producer_group[v] for n in gr.nodes
+                     for v in [*n.inputs, *(h.outputs[0] for h in sym_deps.get(n, ()))]
                      if v is not None and v in producer_group} - {gr}
             if needs <= done:
                 order.append(gr)
