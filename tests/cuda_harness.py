@@ -248,6 +248,10 @@ PERF = {  # name -> (nodes spec, inputs {name: shape, dtype}); inputs drawn on t
                                         "b": ([2048, 2048], "float32")}),
     "perf_matmul_f16_128x768x3072": ("matmul", {"a": ([128, 768], "float16"),
                                                 "b": ([768, 3072], "float16")}),
+    "perf_bmm_f16_96x512x64x512": ("matmul", {"a": ([96, 512, 64], "float16"),
+                                              "b": ([96, 64, 512], "float16")}),
+    "perf_conv3x3_f16_32x64x56x56": ("conv", {"x": ([32, 64, 56, 56], "float16")}),
+    "perf_softmax_f16_8192x512": ("softmax", {"x": ([8192, 512], "float16")}),
 }
 
 
@@ -257,8 +261,14 @@ def perf_model(kind: str, inputs: dict):
     specs = [(n, np.dtype(dt), shape) for n, (shape, dt) in inputs.items()]
     first = specs[0]
     if kind == "matmul":
-        (_, dt, (m, _)), (_, _, (_, n)) = specs
-        return make_model([node("MatMul", ["a", "b"], ["y"])], specs, [("y", dt, [m, n])])
+        (_, dt, (*batch, m, _)), (_, _, (*_, n)) = specs
+        return make_model([node("MatMul", ["a", "b"], ["y"])], specs,
+                          [("y", dt, [*batch, m, n])])
+    if kind == "conv":
+        n, c, h, w = first[2]
+        weight = (_rand(_rng(2), c, c, 3, 3) / 24).astype(first[1])
+        return make_model([node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], specs,
+                          [("y", first[1], [n, c, h, w])], {"w": weight})
     if kind == "softmax":
         return make_model([node("Softmax", ["x"], ["y"], axis=-1)], specs,
                           [("y", first[1], first[2])])

@@ -43,8 +43,9 @@ class StageContext:
 
     def __init__(self, k: Kernel, st: Stage, name: str, buffers: dict[str, Buffer],
                  index_type: str, sizes: dict, target=None, allow_tf32: bool = False,
-                 tuned: dict | None = None):
+                 tuned: dict | None = None, stages: list[Stage] | None = None):
         self.kernel, self.stage, self.name = k, st, name
+        self.stages = stages or [st]  # what the function computes (a rows kernel: every stage)
         self.buffers = buffers
         self.idx = index_type
         self.sizes = sizes
@@ -114,19 +115,25 @@ class StageContext:
         ``__restrict__`` (a parameter) unless its memory may be both read and written: the
         written buffer when the stage reads it, and a kernel input and output that the memory
         plan may place at one address (``memory.inplace_pairs``: same shape and dtype)."""
-        const = "" if self.root(name) == self.root(self.stage.out) else "const "
-        shared = self._may_share() | ({self.root(self.stage.out)} if self._reads_written() else set())
+        written = self._written()
+        const = "" if self.root(name) in written else "const "
+        shared = self._may_share(written) | (written if self._reads_written(written) else set())
         qual = " __restrict__" if restrict and self.root(name) not in shared else ""
         return f"{const}{storage_type(self.buffers[name].dtype)}*{qual}"
 
-    def _reads_written(self) -> bool:
-        st, written = self.stage, self.root(self.stage.out)
-        return any(isinstance(x, Load) and self.root(x.buf) == written
+    def _written(self) -> set[str]:
+        return {self.root(st.out) for st in self.stages}
+
+    def _reads_written(self, written: set[str]) -> bool:
+        return any(isinstance(x, Load) and self.root(x.buf) in written for st in self.stages
                    for e in (st.body, *(st.store_index or ())) for x in walk(e))
 
-    def _may_share(self) -> set[str]:
-        """The written output and the inputs the memory plan may overwrite with it."""
-        out = self.buffers[self.root(self.stage.out)]
-        partners = {b.name for b in self.kernel.inputs
-                    if tuple(b.shape) == tuple(out.shape) and b.dtype is out.dtype}
-        return partners | {out.name} if partners else set()
+    def _may_share(self, written: set[str]) -> set[str]:
+        """Written outputs and the inputs the memory plan may overwrite with them."""
+        out = set()
+        for name in written:
+            buf = self.buffers[name]
+            partners = {b.name for b in self.kernel.inputs
+                        if tuple(b.shape) == tuple(buf.shape) and b.dtype is buf.dtype}
+            out |= partners | {name} if partners else set()
+        return out

@@ -14,6 +14,10 @@ returns None when it does not apply):
 - ``pointwise`` (templates.py): one thread per output point; reductions inside run serially
   per thread (the C backend's loops).
 
+A kernel whose stages all reduce or map the same rows (softmax, LayerNorm: ``rows_plan``, as
+for Triton) is instead one ``rows`` function (rows.py): a warp or a block per row, the row in
+registers across its stages.
+
 Scalar semantics are the C backend's (``scalar.py`` subclasses its renderer). Every function
 takes its buffers' pointers (in ``GpuFunction.args`` order), then one int64 per size parameter.
 """
@@ -25,9 +29,11 @@ from ...graph_ir.sym import hint
 from ...tensor_ir.attention import AttentionStage
 from ...tensor_ir.kernel import Kernel
 from ..device_code import GpuFunction
+from ..triton.rows import rows_plan
 from ..triton.sizes import SizeParams
 from .context import StageContext, numel
 from .gemm import gemm
+from .rows import MAX_COLS, render_rows
 from .scalar import storage_type
 from .templates import pointwise, row_reduction, serial
 
@@ -72,12 +78,18 @@ class CudaRenderer:
         buffers = {b.name: b for b in (*k.inputs, *k.outputs, *k.temps)}
         buffers.update({view.name: view for view, _ in k.aliases})
         wide = any(hint(numel(b.shape)) >= BIG for b in buffers.values())
+        index = "int64_t" if wide else "int"
+        plan = rows_plan(k)
+        if plan is not None and plan.cols <= MAX_COLS:  # every stage on the same rows: one function
+            ctx = StageContext(k, k.stages[0], f"cu_{k.name}_rows", buffers, index,
+                               self.sizes.params, self.target, self.allow_tf32, None, k.stages)
+            return [ctx.function(render_rows(ctx, plan), 0)]
         out = []
         for s, st in enumerate(k.stages):
             if numel(st.extents) == 0:
                 continue  # nothing to write
-            ctx = StageContext(k, st, f"cu_{k.name}_s{s}", buffers, "int64_t" if wide else "int",
-                               self.sizes.params, self.target, self.allow_tf32, tuned.get(s))
+            ctx = StageContext(k, st, f"cu_{k.name}_s{s}", buffers, index, self.sizes.params,
+                               self.target, self.allow_tf32, tuned.get(s))
             out.append(_render(ctx, s))
         return out
 
