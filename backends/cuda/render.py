@@ -38,7 +38,10 @@ from .scalar import storage_type
 from .templates import pointwise, row_reduction, serial
 
 PRELUDE = (Path(__file__).parent / "prelude.cuh").read_text()
-BIG = 2 ** 31  # elements: a kernel with a tensor this large indexes with 64-bit integers
+# elements: a kernel with a tensor this large (at the sizes' hints) indexes with 64-bit integers,
+# others with 32-bit ones (the runtime refuses sizes that take a tensor past 2**31 elements:
+# runtime/gpu.py INDEX_LIMIT)
+BIG = 2 ** 31
 
 RULES = [serial, gemm, row_reduction, pointwise]  # tried in order; pointwise always applies
 
