@@ -328,7 +328,8 @@ class Module:
             ins = [None if v is None else env[v] for v in step["inputs"]]
             outs = HOST_OPS[step["op"]](ins, step.get("attrs", {}))
             for vid, arr in zip(step["outputs"], outs):
-                env[vid] = np.ascontiguousarray(arr, dtype=self.values[vid][0])
+                arr = np.asarray(arr, dtype=self.values[vid][0])  # (0-d stays 0-d)
+                env[vid] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
             if isinstance(sig, RunSizes):
                 sig.bind(self._program, [(self._raw_shapes[v], env[v].shape)
                                          for v in step["outputs"]],

@@ -46,6 +46,8 @@ def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
     out = []
     for spec, arr in zip(specs, given):
         arr = np.asarray(arr)
+        if spec.dtype == "object" and arr.dtype.kind in "US":  # strings: held as objects
+            arr = arr.astype(object)
         if not accepts(spec.dtype, arr.dtype):
             raise InputError(f"input '{spec.name}': expected dtype {spec.dtype}, got {arr.dtype} "
                              f"(convert with .astype('{spec.dtype}'))")

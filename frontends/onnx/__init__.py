@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (imports register the converters)
     convert_sampling,
     convert_sequence,
     convert_signal,
+    convert_strings,
     convert_trees,
 )
 from .importer import import_onnx, list_ops, load_model, unsupported_nodes

@@ -15,6 +15,7 @@ from ...graph_ir.graph import Value
 from ...graph_ir.ops import elementwise as ew
 from ...graph_ir.ops import movement as mv
 from ...graph_ir.types import DType
+from .convert_strings import on_host
 from .registry import converter
 
 # ONNX op type -> core op, for ops that map one to one (inputs and attributes unchanged)
@@ -39,9 +40,8 @@ LOW_PRECISION = (DType.float16, DType.bfloat16)
 def convert_direct(cx, node, ins):
     if cx.opset < 7 and cx.attr(node, "broadcast", 0) and len(ins) == 2:
         ins = [ins[0], _legacy_broadcast(cx, node, ins[0], ins[1], cx.attr(node, "axis"))]
-    for v in ins:
-        if v is not None and v.dtype is DType.string:
-            raise NotImplementedError(f"{node.op_type} on string tensors is not supported")
+    if any(v is not None and v.dtype is DType.string for v in ins):
+        return on_host(cx, node, "it reads strings")  # Equal, Where ... on strings
     return [cx.b.op(DIRECT[node.op_type], *ins, name=node.name)]
 
 
@@ -241,18 +241,19 @@ FLOAT8_MAX = {DType.float8e4m3fn: 448.0, DType.float8e4m3fnuz: 240.0,
 def convert_cast(cx, node, ins):
     to = cx.attr(node, "to")
     to = DType[to.lower()] if isinstance(to, str) else DType.from_onnx(to)
+    if DType.string in (ins[0].dtype, to):
+        return on_host(cx, node, "a cast to or from strings")
     return [_cast(cx, node, ins[0], to)]
 
 
 @converter("CastLike")
 def convert_castlike(cx, node, ins):
+    if DType.string in (ins[0].dtype, ins[1].dtype):
+        return on_host(cx, node, "a cast to or from strings")
     return [_cast(cx, node, ins[0], ins[1].dtype)]
 
 
 def _cast(cx, node, x: Value, to: DType) -> Value:
-    if DType.string in (x.dtype, to):
-        raise NotImplementedError(f"{node.op_type} from {x.dtype.name} to {to.name}: string "
-                                  "casts are not supported")
     if to in FLOAT8_MAX and int(cx.attr(node, "saturate", 1)) and x.dtype not in FLOAT8_MAX:
         x = saturate(cx, x, FLOAT8_MAX[to])
     return cx.b.op(ew.Cast, x, name=node.name, to=to)

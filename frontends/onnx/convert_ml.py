@@ -1,7 +1,8 @@
 """ONNX converters: the ``ai.onnx.ml`` ops that scikit-learn pipelines export most (preprocessing
 and linear models), decomposed into core ops so that they compile to kernels like the rest:
-Binarizer, Scaler, Normalizer, Imputer, ArrayFeatureExtractor, LinearRegressor and
-LinearClassifier (integer labels). Their numerics
+Binarizer, Scaler, Normalizer, Imputer, ArrayFeatureExtractor, LinearRegressor,
+LinearClassifier (integer labels) and LabelEncoder (numeric tables; string ones run on the
+host). Their numerics
 follow ONNX's reference implementation (``onnx.reference.ops.aionnxml``)."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ...graph_ir.ops import movement as mv
 from ...graph_ir.ops import nn
 from ...graph_ir.ops import reduction as rd
 from ...graph_ir.types import DType
+from .convert_strings import on_host
 from .registry import converter
 
 ML = "ai.onnx.ml::"
@@ -184,3 +186,55 @@ def _post_transform(cx, node, scores, how: str | None = None):
     if how == "SOFTMAX":
         return cx.b.op(nn.Softmax, scores, axis=1)
     raise NotImplementedError(f"post_transform={how!r}; NONE, LOGISTIC and SOFTMAX are supported")
+
+
+# ---- LabelEncoder ---------------------------------------------------------------------------
+
+_DEFAULTS = {"string": "_Unused", "int64": -1, "float": -0.0}  # LabelEncoder's defaults
+
+
+def _encoder_table(cx, node, kind: str) -> np.ndarray | None:
+    """``keys`` or ``values`` from whichever attribute holds them (``*_tensor``, ``*_strings``,
+    ``*_int64s``, ``*_floats``)."""
+    t = cx.attr(node, f"{kind}_tensor")
+    if t is not None:
+        return np.asarray(t).reshape(-1)
+    for suffix, dtype in (("strings", object), ("int64s", np.int64), ("floats", np.float32)):
+        v = cx.attr(node, f"{kind}_{suffix}")
+        if v:
+            return np.asarray(v, dtype=dtype)
+    return None
+
+
+def _encoder_default(cx, node, values: np.ndarray) -> np.ndarray:
+    t = cx.attr(node, "default_tensor")
+    if t is not None:
+        return np.asarray(t).reshape(-1)[0].astype(values.dtype)
+    kind = {"O": "string", "i": "int64", "u": "int64"}.get(values.dtype.kind, "float")
+    return np.asarray(cx.attr(node, f"default_{kind}", _DEFAULTS[kind]), dtype=values.dtype)
+
+
+@converter(ML + "LabelEncoder")
+def convert_label_encoder(cx, node, ins):
+    # y = values[k] where x == keys[k] (the first such k), else the default: numeric tables
+    # compare x with every key at once, [..., K], and gather the first match's value (a NaN
+    # key matches NaN); a table of strings runs on the host (no kernel computes on strings)
+    b, x = cx.b, ins[0]
+    keys, values = _encoder_table(cx, node, "keys"), _encoder_table(cx, node, "values")
+    if keys is None or values is None or keys.size != values.size:
+        raise ValueError(f"LabelEncoder: {0 if keys is None else keys.size} keys for "
+                         f"{0 if values is None else values.size} values")
+    if x.dtype is DType.string or object in (keys.dtype, values.dtype):
+        return on_host(cx, node, "a lookup of strings")
+    default = _encoder_default(cx, node, values)
+    xk = b.op(mv.Reshape, x, shape=(*x.shape, 1))
+    table = b.const(keys.astype(x.dtype.np))
+    hit = b.op(ew.Equal, xk, table)
+    if keys.dtype.kind == "f" and np.isnan(keys).any():
+        hit = b.op(ew.Or, hit, b.op(ew.And, b.op(ew.IsNaN, xk), b.op(ew.IsNaN, table)))
+    hit8 = b.op(ew.Cast, hit, to=DType.int8)
+    first = b.op(rd.ArgMax, hit8, axis=len(x.shape), keepdims=0)
+    found = b.op(ew.Cast, b.op(rd.ReduceMax, hit8, axes=(len(x.shape),), keepdims=0),
+                 to=DType.bool)
+    picked = b.op(mv.Gather, b.const(values), first, axis=0)
+    return [b.op(ew.Where, found, picked, b.const(default), name=node.name)]
