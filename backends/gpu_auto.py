@@ -98,9 +98,9 @@ def _both(k: Kernel, n: int, triton, cuda, tuned):
     """The kernel (at its size bucket) as a Triton candidate and a CUDA C candidate, whole."""
     from .triton.tune import Candidate
     sized = specialize(k, size_env(k)) if size_bucket(k) else k
-    fused = triton.prepare(sized, None)
     out = []
-    for tag, codegen, kern, params in (("t", triton, fused, tuned), ("c", cuda, sized, None)):
+    for tag, codegen, params in (("t", triton, tuned), ("c", cuda, None)):
+        kern = codegen.prepare(sized, None)
         fns = [_renamed(f, f"cmp{n}{tag}_{f.name}") for f in codegen.render(kern, params)]
         out.append(Candidate(sized, kern, -1, None, fns[0], fns[1:]))
     return out

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ...tensor_ir.kernel import Kernel
 from ..device_code import Binary, GpuFunction
-from ..triton.fuse import _merge
+from ..triton.fuse import fuse_stages
 from ..triton.sizes import SizeParams
 from .render import CudaRenderer
 from .toolchain import compile_cuda, nvrtc_version
@@ -24,7 +24,7 @@ class CudaCodegen:
     def prepare(self, k: Kernel, constants: dict | None) -> Kernel:
         """Stages folded into their readers, as for Triton, but attention left as plain stages
         (the CUDA C templates have no fused attention)."""
-        return fuse_stages_plain(k)
+        return fuse_stages(k, None, attention=False)
 
     def render(self, k: Kernel, tuned: dict | None) -> list[GpuFunction]:
         return self.renderer.kernel(k, tuned)
@@ -38,26 +38,3 @@ class CudaCodegen:
     def version(self) -> str:
         major, minor = nvrtc_version()
         return f"nvrtc {major}.{minor}"
-
-
-def fuse_stages_plain(kernel: Kernel) -> Kernel:
-    """``triton.fuse.fuse_stages`` without its last step (fused attention)."""
-    stages = list(kernel.stages)
-    k = 0
-    while k + 1 < len(stages):
-        merged = _merge(kernel, stages, k)
-        if merged is None:
-            k += 1
-            continue
-        stages[k:k + 2] = [merged]
-        k = max(k - 1, 0)
-    used = {s.out for s in stages} | {x.buf for s in stages for x in _loads(s)}
-    temps = [t for t in kernel.temps if t.name in used]
-    return Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages, kernel.note,
-                  kernel.aliases)
-
-
-def _loads(stage):
-    from ...tensor_ir.expr import Load, walk
-    return [x for e in (stage.body, *(stage.store_index or ())) for x in walk(e)
-            if isinstance(x, Load)]

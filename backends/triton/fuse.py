@@ -15,9 +15,10 @@ from ...tensor_ir.kernel import Kernel, Stage
 from .attention import fuse_attention
 
 
-def fuse_stages(kernel: Kernel, constants: dict | None = None) -> Kernel:
-    """Fold stages pairwise, then replace attention runs by one fused stage (attention.py;
-    ``constants``: kernel input name -> value, which lets it prove a mask causal)."""
+def fuse_stages(kernel: Kernel, constants: dict | None = None, attention: bool = True) -> Kernel:
+    """Fold stages pairwise, then (``attention``) replace attention runs by one fused stage
+    (attention.py; ``constants``: kernel input name -> value, which lets it prove a mask
+    causal)."""
     stages = list(kernel.stages)
     k = 0
     while k + 1 < len(stages):
@@ -30,8 +31,9 @@ def fuse_stages(kernel: Kernel, constants: dict | None = None) -> Kernel:
     used = {s.out for s in stages} | {x.buf for s in stages for x in walk(s.body)
                                       if isinstance(x, Load)}
     temps = [t for t in kernel.temps if t.name in used]
-    return fuse_attention(Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages,
-                                 kernel.note, kernel.aliases), constants)
+    fused = Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages, kernel.note,
+                   kernel.aliases)
+    return fuse_attention(fused, constants) if attention else fused
 
 
 def _merge(kernel: Kernel, stages: list[Stage], k: int) -> Stage | None:
