@@ -2,7 +2,7 @@
 
     python -m deploy.bench.gpu resnet50 bert_base --dtype fp32 fp16 --batch 1 32
         [--target h100] [--runs 50] [--skip-max-autotune] [--skip-default]
-        [--tune quick|full] [--tuning-db F] [--json results.json]
+        [--tune quick|full] [--tuning-db F] [--json results.json] [--gpu-codegen cuda]
 
 For each model and batch: export it (bench.models, seeded random weights; fp32 ONNX), then per
 dtype: compile it with deploy for the GPU target (Triton, ahead of time; fp16 through
@@ -77,9 +77,9 @@ def rel_l2(ours: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _deploy_case(path, feed, torch_args, target, dtype, tune, tuning_db, budget, timer,
-                 ref) -> dict:
+                 ref, gpu_codegen=None) -> dict:
     """Compile, check and time deploy for one case."""
-    kwargs = {"target": target}
+    kwargs = {"target": target, **({"gpu_codegen": gpu_codegen} if gpu_codegen else {})}
     if tuning_db:
         kwargs["tuning_db"] = tuning_db
     if tune:
@@ -184,7 +184,8 @@ def bench_model(name: str, batch: int, dtypes: list[str], a) -> list[dict]:
         row = {"model": name, "batch": batch, "dtype": dtype}
         try:
             row.update(_deploy_case(path, feed, _deploy_args(targs, specs, half), a.target,
-                                    dtype, a.tune, a.tuning_db, a.budget, timer, ref))
+                                    dtype, a.tune, a.tuning_db, a.budget, timer, ref,
+                                    a.gpu_codegen))
         except Exception as e:  # noqa: BLE001
             row["deploy_error"] = f"{type(e).__name__}: {e}"[:500]
             traceback.print_exc(file=sys.stderr)
@@ -252,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tuning-db", help="tuning records for deploy's compiles")
     p.add_argument("--budget", default="10m", help="tuning budget per case (with --tune)")
     p.add_argument("--json", help="write every figure here")
+    p.add_argument("--gpu-codegen", choices=["triton", "cuda", "auto"],
+                   help="deploy's GPU code generator (default: the target's)")
     a = p.parse_args(argv)
     print(HEADER)
     print(RULE, flush=True)
