@@ -27,6 +27,7 @@ import numpy as np
 
 from . import __version__, config
 from .errors import DeployError, InputError, UsageError
+from .progress import Progress, for_command
 from .runtime.shapes import dim_text, input_shapes
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a deploy bug, not a user error
@@ -105,6 +106,7 @@ def _add_compile(sub, common) -> None:
     c.add_argument("--dump-dir", default=config.dump_dir(),
                    help="write every intermediate (graph per pass, C source) here "
                         "(default: $DEPLOY_DUMP_DIR)")
+    _progress_args(c)
     c.set_defaults(func=cmd_compile)
 
 
@@ -132,6 +134,7 @@ def _add_bench(sub, common) -> None:
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     _size_arg(b)
+    _progress_args(b)
     b.set_defaults(func=cmd_bench)
 
 
@@ -176,6 +179,7 @@ def _add_tune(sub, common) -> None:
     _dim_arg(t)
     t.add_argument("-o", "--output", help="also write the tuned artifact here")
     _tuning_args(t, budget_default="10m")
+    _progress_args(t)
     t.set_defaults(func=cmd_tune)
 
 
@@ -185,6 +189,21 @@ def _tuning_args(p, budget_default: str | None) -> None:
     p.add_argument("--budget", default=budget_default,
                    help="tuning time budget, e.g. 90s, 10m, 1h" + (
                        f" (default {budget_default})" if budget_default else " (default 10m)"))
+
+
+def _progress_args(p) -> None:
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress line on stderr (there is none when stderr is not a "
+                        "terminal either); stdout is the same")
+    p.add_argument("--log-json", action="store_true",
+                   help="progress as JSON lines on stderr, one object per event: event "
+                        "(start, end, progress, log), stage, step, done, total, seconds, "
+                        "elapsed (docs/debugging.md)")
+
+
+def _progress(args) -> Progress:
+    """The reporter ``--quiet`` / ``--log-json`` and stderr ask for (deploy/progress.py)."""
+    return for_command(quiet=args.quiet, log_json=args.log_json)
 
 
 def _target_arg(p) -> None:
@@ -268,17 +287,19 @@ def _compile_and_report(args, tune: str, out: Path | None) -> None:
                  if (v := getattr(args, k, None))}
     if getattr(args, "check_precision", None) is not None:
         precision["check_precision"] = args.check_precision
-    with warnings.catch_warnings():  # the --dtype error check's warning is printed below
+    with warnings.catch_warnings(), _progress(args) as progress:
+        # the --dtype error check's warning is printed below
         warnings.filterwarnings("ignore", message="--dtype", category=RuntimeWarning)
         art = deploy_compile(args.model, target=args.target,
                              shapes=parse_shapes(args.shape) or None,
                              dump_dir=getattr(args, "dump_dir", None), tune=tune,
                              tuning_db=args.tuning_db, budget=args.budget,
-                             dims=parse_dims(args.dim) or None, **precision)
+                             dims=parse_dims(args.dim) or None, progress=progress, log=print,
+                             **precision)
+        path = _save(art, out, progress) if out else None
     m = art.manifest
     secs = m.get("compile_seconds", {})
     stages = ", ".join(f"{k} {v:.2f}s" for k, v in _stages(secs))
-    path = art.save(out) if out else None
     where = f" -> {path} ({_fmt_bytes(path.stat().st_size)}, " if path else " ("
     print(f"compiled {args.model} for {m['target']['name']}{where}{m['kernel_count']} kernels, "
           f"{time.perf_counter() - t0:.2f}s: {stages})")
@@ -288,6 +309,15 @@ def _compile_and_report(args, tune: str, out: Path | None) -> None:
         print(f"  tuned kernels ({tune}): {secs['tune_gain']:.2f}x the default schedules' speed")
     if "precision" in m:
         print("  precision: " + _precision_str(m["precision"]))
+
+
+def _save(art, out: Path, progress: Progress) -> Path:
+    """Write the artifact (seconds for a large model's weights), reported as stage ``save``."""
+    t0 = time.perf_counter()
+    progress.begin("save")
+    path = art.save(out)
+    progress.end("save", round(time.perf_counter() - t0, 4))
+    return path
 
 
 def _precision_str(p: dict) -> str:
@@ -500,13 +530,19 @@ def compare(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[boo
 
 def cmd_bench(args) -> int:
     from .runtime import load
-    mod = load(args.artifact)
-    inputs = _inputs(mod, args.inputs, args.seed, parse_dims(args.dim))
-    results = {"deploy": _time(lambda: mod.run(inputs), args.warmup, args.runs)}
-    if args.compare:
-        model = _compare_model(args.compare, mod)
-        _, sess = _ort_session(model)
-        results["ort"] = _time(lambda: sess.run(None, inputs), args.warmup, args.runs)
+    with _progress(args) as progress:
+        progress.begin("load")
+        t0 = time.perf_counter()
+        mod = load(args.artifact)
+        inputs = _inputs(mod, args.inputs, args.seed, parse_dims(args.dim))
+        progress.end("load", round(time.perf_counter() - t0, 4))
+        results = {"deploy": _time(lambda: mod.run(inputs), args.warmup, args.runs,
+                                   progress, "deploy")}
+        if args.compare:
+            model = _compare_model(args.compare, mod)
+            _, sess = _ort_session(model)
+            results["ort"] = _time(lambda: sess.run(None, inputs), args.warmup, args.runs,
+                                   progress, "ort")
     if "ort" in results:
         results["speedup_vs_ort"] = round(results["ort"]["median_ms"] /
                                           results["deploy"]["median_ms"], 3)
@@ -538,16 +574,26 @@ def _compare_model(compare: list[str], mod) -> str:
                      f"the artifact's source {source!r} is not an .onnx file here")
 
 
-def _time(fn, warmup: int, runs: int) -> dict:
+def _time(fn, warmup: int, runs: int, progress: Progress | None = None,
+          stage: str = "deploy") -> dict:
+    """Latency figures of ``fn`` (ms); ``progress`` hears of the runs (stage ``stage``, steps
+    ``warmup`` and ``runs``), between the timed calls."""
     if runs < 1 or warmup < 0:
         raise UsageError(f"--runs must be >= 1 and --warmup >= 0, got {runs} and {warmup}")
-    for _ in range(warmup):
+    progress = progress or Progress()
+    start = time.perf_counter()
+    progress.begin(stage)
+    for i in range(warmup):
+        progress.count("warmup", i, warmup, unit="runs")
         fn()
     ts = []
-    for _ in range(runs):
+    for i in range(runs):
+        progress.count("runs", i, runs, unit="runs")
         t0 = time.perf_counter_ns()
         fn()
         ts.append((time.perf_counter_ns() - t0) / 1e6)
+    progress.count("runs", runs, runs, unit="runs")
+    progress.end(stage, round(time.perf_counter() - start, 4))
     t = np.array(ts)
     return {"median_ms": round(float(np.median(t)), 4),
             "p90_ms": round(float(np.percentile(t, 90)), 4),

@@ -33,6 +33,7 @@ from .graph_ir.passes import precision, run_pipeline
 from .graph_ir.printer import print_graph
 from .graph_ir.sym import Sym, dim_json, free_symbols
 from .graph_ir.verify import check_symbol_order
+from .progress import as_progress
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
 from .tensor_ir.constants import inline_scalars
@@ -113,7 +114,9 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
     binds input shapes; a list of several shape dicts compiles one artifact with a variant per
     entry (see ``variants.py``). Dims it leaves unbound stay symbolic: the artifact runs at
     every size. ``dims={"seq": (1, 512), "batch": 8}`` declares a symbol's range or binds it
-    (docs/shapes.md)."""
+    (docs/shapes.md). Silent unless asked: ``progress`` (a ``deploy.progress.Progress``, or a
+    function taking each ``Event``) receives the stages and kernel counts, ``log`` (a function
+    taking a line) the tuner's lines."""
     variants = expand_shape_specs(shapes)
     if variants is not None:
         if load_target(target).kind != "cpu":
@@ -185,16 +188,23 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
                   dynamic_shapes, tuning_db, budget, options) -> Artifact:
     timings: dict[str, float] = {}
     clock = time.perf_counter()
+    progress = as_progress(options.get("progress"))  # silent unless the caller gives one
 
-    def lap(stage: str) -> None:
+    def lap(stage: str, then: str | None = None) -> None:
+        """``stage`` ended (its time is recorded and reported); ``then`` begins."""
         nonlocal clock
         now = time.perf_counter()
         timings[stage] = round(now - clock, 4)
         clock = now
+        progress.end(stage, timings[stage])
+        if then:
+            progress.begin(then)
 
+    progress.begin("import")
     tgt = load_target(target)
     _check_supported(tgt, tune)
     backend = get_backend(tgt, options)
+    backend.options["progress"] = progress  # builds report kernels rendered and built
     half, tf32 = _precision_settings(tgt, backend, options)
     backend.options["allow_tf32"] = tf32
     graph, report = import_model(model, shapes, constant_inputs, example_inputs, dynamic_shapes,
@@ -206,27 +216,28 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
                  for s in _graph_symbols(graph)}
         reference, _ = import_model(model, shapes, constant_inputs, example_inputs,
                                     dynamic_shapes, {**options.get("bind", {}), **fixed})
-    lap("import")
+    lap("import", "optimize")
     dump = Path(dump_dir) if dump_dir else None
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         (dump / "00-import.txt").write_text(print_graph(graph))
     graph, pass_stats = run_pipeline(graph, tgt, dump, {"dtype": half})
-    lap("optimize")
+    lap("optimize", "lower")
     backend.check_graph(graph)
     plan = _plan(graph)
     memory = _plan_memory(graph, plan)
     backend.prepare(plan)
-    lap("lower")
+    tuning = tune not in ("none", None)
+    lap("lower", "tune" if tuning else "render+build")
     db = TuningDB(tuning_db or config.tuning_db_path())
-    if tune not in ("none", None):
+    if tuning:
         tuned = backend.tune(plan, tune, db, _budget_seconds(budget),
-                             log=options.get("log", print))
+                             log=progress.tuner_log(options.get("log")))
         db.save()
         timings["tune_gain"] = round(tuned.gain(), 3)
-        lap("tune")
+        lap("tune", "render+build")
     built = backend.build(plan, dump, db)
-    lap("render+build")
+    lap("render+build", "package")
     manifest = _manifest(graph, plan, tgt, report, pass_stats, built.kernels, timings, model)
     manifest.update(built.manifest)  # a library and its entry, or a GPU launch plan
     members = built.members
@@ -242,6 +253,7 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
     lap("package")
     art = Artifact(manifest, members, graph, timings)
     if half is not None or backend.kind == "gpu":
+        progress.begin("check")
         manifest["precision"] = _precision_record(art, reference, backend, half, tf32,
                                                   options.get("check_precision"))
         lap("check")

@@ -89,6 +89,6 @@ class GpuBackend(Backend):
         members, kernels, extra = build_gpu(
             plan.kernels, self.target, self.codegen_chooser(plan, db, sizes), sizes, dump,
             aot=self.options.get("aot", True), tuned=self.tuned_records(plan, db),
-            constants=plan.kernel_constants())
+            constants=plan.kernel_constants(), progress=self.options.get("progress"))
         extra["gpu"]["codegen"] = self.name
         return Built(members, kernels, {**extra, "library": None, "entry": None})

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..graph_ir.sym import Sym, context, size_max, smax
+from ..progress import Progress
 from ..tensor_ir.attention import AttentionStage
 from ..tensor_ir.kernel import Kernel, kernel_sizes
 from .device_code import Binary, GpuFunction
@@ -52,16 +53,20 @@ def _align(n: int) -> int:
 
 def build_gpu(kernels: list[Kernel], tgt, codegen_of, sizes: SizeParams,
               dump: Path | None = None, aot: bool = True, tuned: dict[str, dict] | None = None,
-              constants: dict[str, dict] | None = None) -> tuple[dict[str, bytes], list[dict], dict]:
+              constants: dict[str, dict] | None = None, progress: Progress | None = None
+              ) -> tuple[dict[str, bytes], list[dict], dict]:
     """Returns (artifact members, per-kernel info for the manifest, manifest additions).
     ``codegen_of(kernel)``: the ``Codegen`` that renders it (code generators name symbolic
     sizes through the one table ``sizes``); ``tuned``: kernel name -> {stage:
     launch parameters} from the tuning database; ``constants``: kernel name -> {input buffer:
-    value} (lets attention prove a mask causal)."""
+    value} (lets attention prove a mask causal); ``progress`` hears of kernels rendered and
+    functions compiled."""
+    progress = progress or Progress()
     plans, unique, info, scratch = {}, {}, [], 0
     used: dict[str, Codegen] = {}
     warp = tgt.warp_size or 32
-    for k in kernels:
+    for n, k in enumerate(kernels):
+        progress.count("render", n, len(kernels))
         codegen = used.setdefault(codegen_of(k).name, codegen_of(k))
         fused = codegen.prepare(k, (constants or {}).get(k.name))
         variants = []  # (size point or None, functions): configurations for size classes
@@ -88,7 +93,9 @@ def build_gpu(kernels: list[Kernel], tgt, codegen_of, sizes: SizeParams,
                      "tuned": k.name in (tuned or {}), "codegen": codegen.name,
                      "schedule": [_describe(f) for f in variants[0][1]],
                      **({"variants": [p for p, _ in variants]} if len(variants) > 1 else {})})
+    progress.count("render", len(kernels), len(kernels))
     members, binaries, versions = {}, [], {}
+    built, to_build = 0, len(unique) if aot else 0
     for codegen in used.values():
         functions = [f for f in unique.values() if f.codegen == codegen.name]
         source = codegen.module(functions)
@@ -97,7 +104,10 @@ def build_gpu(kernels: list[Kernel], tgt, codegen_of, sizes: SizeParams,
         members[codegen.source_member] = source.encode()
         versions[codegen.name] = codegen.version()
         if aot and functions:
+            progress.count("build", built, to_build, unit="functions")
             compiled = codegen.compile(functions, source, tgt)
+            built += len(functions)
+            progress.count("build", built, to_build, unit="functions")
             _attach(plans, compiled)
             binaries += _binary_members(compiled, tgt, members)
     gpu = {"api": "cuda" if tgt.vendor == "nvidia" else "hip", "arch": tgt.arch,

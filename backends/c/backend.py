@@ -13,6 +13,7 @@ import platform
 import tempfile
 from pathlib import Path
 
+from ...progress import Progress
 from ...tensor_ir.attention import AttentionStage, fuse_attention
 from ...tensor_ir.expr import Load, walk
 from ...tensor_ir.kernel import size_bucket
@@ -42,7 +43,8 @@ class CBackend(Backend):
                             vector_bits=tgt.vector_bits)
 
     def build(self, plan, dump: Path | None, db) -> Built:
-        members, kernels = _build(plan, self.target, dump, db, self.features())
+        members, kernels = _build(plan, self.target, dump, db, self.features(),
+                                  self.options.get("progress") or Progress())
         plan.drop_unused_constants()
         return Built(members, kernels, {
             "library": "lib/model.so" if plan.kernels else None,
@@ -73,14 +75,17 @@ def _host_isa_level() -> str:
         platform.machine()
 
 
-def _build(plan, tgt, dump: Path | None, db, feats: dict) -> tuple[dict[str, bytes], list[dict]]:
+def _build(plan, tgt, dump: Path | None, db, feats: dict,
+           progress: Progress) -> tuple[dict[str, bytes], list[dict]]:
     if not plan.kernels:
         return {}, []
     renderer = CRenderer(plan.symbols, tgt.vector_bits)
     sources, info = [], []
     constants = plan.kernel_constants()
     bodies: dict[str, str] = {}  # rendered body -> the kernel that has it (layers repeat)
-    for k, step in zip(plan.kernels, plan.kernel_steps()):
+    total = len(plan.kernels)
+    for n, (k, step) in enumerate(zip(plan.kernels, plan.kernel_steps())):
+        progress.count("render", n, total)
         h = k.structural_hash()
         tuned = db.lookup(h, with_bucket(feats, size_bucket(k))) if db is not None else None
         k, tuned = _fuse_attention(k, tuned, constants.get(k.name))
@@ -93,14 +98,17 @@ def _build(plan, tgt, dump: Path | None, db, feats: dict) -> tuple[dict[str, byt
         info.append({"symbol": k.name, "note": k.note, "hash": h, "tuned": tuned is not None,
                      "work": sum(stage_work(st) for st in k.stages),
                      "schedule": [s.describe() for s in sched]})
+    progress.count("render", total, total)
     if not plan.host_ops:
         sources.append(_entry_point(plan))
     jobs = os.cpu_count() or 1
     chunks = [renderer.module(sources[i::jobs]) for i in range(min(jobs, len(sources)))]
     if dump:
         (dump / "kernels.c").write_text(renderer.module(sources))
+    progress.count("build", 0, total)  # one C compile per chunk, in parallel
     with tempfile.TemporaryDirectory(prefix="deploy-build-") as tmp:
         lib = build_shared_library(chunks, Path(tmp) / "model.so", tuple(tgt.cc_flags), jobs)
+        progress.count("build", total, total)
         return {"lib/model.so": lib.read_bytes()}, info
 
 

@@ -10,6 +10,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from ...progress import tuning_step
 from ...tensor_ir.kernel import Kernel, size_bucket, size_env, specialize
 from ...tensor_ir.pack import pack_weights
 from ...tensor_ir.schedule import default_schedule, gemm_space, tunable_stages
@@ -122,6 +123,7 @@ def tune_kernels(kernels: list[Kernel], level: str, features: dict, flags, budge
     seen = set()
     todo = [k for k in kernels if tunable_stages(k)]
     for n, k in enumerate(todo, 1):
+        tuning_step(log, n - 1, len(todo), report.gain(), deadline, budget_s)
         h = k.structural_hash()
         if h in seen or db.lookup(h, with_bucket(features, size_bucket(k))) is not None:
             continue
@@ -140,4 +142,6 @@ def tune_kernels(kernels: list[Kernel], level: str, features: dict, flags, budge
                                 rec.baseline_seconds))
             log(f"tune [{n}/{len(todo)}] {k.note[:60]}: {rec.baseline_seconds * 1e3:.3f} ms -> "
                 f"{rec.seconds * 1e3:.3f} ms {rec.params.get(next(iter(rec.params), ''), '')}")
+    else:  # not stopped by the budget: every kernel done
+        tuning_step(log, len(todo), len(todo), report.gain(), deadline, budget_s)
     return report

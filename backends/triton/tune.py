@@ -28,6 +28,7 @@ import numpy as np
 
 from ...errors import CompileError, DeployError
 from ...graph_ir.types import DType
+from ...progress import tuning_step
 from ...tensor_ir.expr import Reduce, walk
 from ...tensor_ir.kernel import Kernel, size_bucket, size_env, specialize
 from ...tensor_ir.tuning_db import TuningDB, TuningRecord, with_bucket
@@ -150,6 +151,7 @@ def tune_gpu_kernels(kernels: list[Kernel], tgt, level: str, db: TuningDB, budge
         measure = DeviceMeasurer(tgt)
         measure.open()
     for start in range(0, len(todo), chunk):
+        tuning_step(log, start, len(todo), report.gain(), deadline, budget_s)
         if time.time() > deadline:
             report.stopped_by_budget = True
             log(f"tune: budget spent after {start}/{len(todo)} kernels")
@@ -168,6 +170,8 @@ def tune_gpu_kernels(kernels: list[Kernel], tgt, level: str, db: TuningDB, budge
                 rec = dataclasses.replace(rec, kernel_hash=h, features=feats)
                 db.add(rec)
                 log(_describe_record(cands, rec, n, len(todo)))
+    else:  # not stopped by the budget: every kernel done
+        tuning_step(log, len(todo), len(todo), report.gain(), deadline, budget_s)
     return report
 
 
