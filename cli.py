@@ -4,7 +4,7 @@
     deploy run ARTIFACT [--inputs in.npz] [--outputs out.npz] [--check MODEL.onnx]
     deploy bench ARTIFACT [--compare ort [MODEL.onnx]] [--warmup N] [--runs N]
     deploy check MODEL [--target T]
-    deploy inspect ARTIFACT [--json]
+    deploy inspect ARTIFACT [--json] [--html OUT.html [--profile PROFILE.json]]
     deploy targets [show NAME]
     deploy tune MODEL --target T [--budget 10m]
 
@@ -153,6 +153,15 @@ def _add_inspect(sub, common) -> None:
     i = sub.add_parser("inspect", parents=[common], help="describe an artifact")
     i.add_argument("artifact")
     i.add_argument("--json", action="store_true", help="machine-readable JSON")
+    i.add_argument("--html", metavar="OUT.html",
+                   help="write a self-contained page drawing the fused graph in step order, "
+                        "each kernel with its op, note, template, output bytes and time")
+    i.add_argument("--profile", metavar="PROFILE.json",
+                   help="with --html: kernel times of a GPU artifact, the JSON `python -m "
+                        "deploy.bench.gpu_profile ARTIFACT --json F` writes")
+    i.add_argument("--runs", type=int, default=3,
+                   help="with --html, CPU artifacts of fixed sizes: time each kernel here over "
+                        "this many calls (default 3; 0: no times)")
     i.set_defaults(func=cmd_inspect)
 
 
@@ -605,8 +614,17 @@ def _time(fn, warmup: int, runs: int, progress: Progress | None = None,
 
 def cmd_inspect(args) -> int:
     from .runtime.artifact import read_artifact
-    report = inspect_report(args.artifact, read_artifact(args.artifact))
-    if args.json:
+    contents = read_artifact(args.artifact)
+    report = inspect_report(args.artifact, contents)
+    if args.html:
+        from .html_report import write_html
+        out, note = write_html(args.artifact, args.html, report, contents.manifest,
+                               args.profile, args.runs)
+        print(f"wrote {out} ({report['kernel_count']} kernels, "
+              f"{len(contents.manifest.get('steps', []))} steps; {note})")
+    elif args.profile:
+        raise UsageError("--profile goes with --html (it adds kernel times to the page)")
+    elif args.json:
         print(json.dumps(report, indent=1))
     else:
         _print_inspect(report)
