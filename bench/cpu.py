@@ -50,8 +50,10 @@ def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch
     from .models import build, input_specs, model_path, random_inputs
     path = str(model_path(name, batch=batch))
     feed = random_inputs(input_specs(path), np.random.default_rng(1))
+    from ..progress import for_command
     t0 = time.perf_counter()
-    mod = deploy.compile(path, tune=tune).load()
+    with for_command() as progress:  # a status line on stderr when it is a terminal
+        mod = deploy.compile(path, tune=tune, progress=progress).load()
     compile_s = time.perf_counter() - t0
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads

@@ -30,6 +30,7 @@ import traceback
 import deploy
 import numpy as np
 
+from ..progress import for_command
 from .models import build, input_specs, model_path, random_inputs
 
 FLUSH_BYTES = 256 << 20
@@ -90,7 +91,8 @@ def _deploy_case(path, feed, torch_args, target, dtype, tune, tuning_db, budget,
         kwargs["dtype"] = dtype
     t0 = time.perf_counter()
     try:
-        art = deploy.compile(str(path), **kwargs)
+        with for_command() as progress:  # a status line on stderr when it is a terminal
+            art = deploy.compile(str(path), progress=progress, **kwargs)
     except TypeError as e:
         if "dtype" in str(e):
             return {"deploy": "n/a"}
