@@ -114,3 +114,39 @@ def test_backend_subclass_contract():
     for name in ("c", "triton"):
         cls = backend_class(name)
         assert issubclass(cls, Backend) and cls.kind in ("cpu", "gpu") and cls.name == name
+
+
+class CudaWinsRows:
+    """A fake GPU: Triton candidates take 5 us; CUDA C ones 4 us when the kernel is a softmax
+    row kernel, 9 us otherwise."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, cands, compile=None):
+        self.calls.append(("cuda" if compile else "triton", len(cands)))
+        if compile is None:
+            return [5e-6] * len(cands)
+        return [4e-6 if "Softmax" in c.kernel.note else 9e-6 for c in cands]
+
+
+def test_auto_keeps_cuda_c_only_where_it_measured_faster(tmp_path):
+    pytest.importorskip("triton")
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=-1),
+             helper.make_node("MatMul", ["s", "w"], ["y"])]
+    w = np.random.default_rng(0).standard_normal((40, 64)).astype(np.float32)
+    model = make_model(nodes, [("x", np.float32, [48, 40])], [("y", np.float32, [48, 64])],
+                       {"w": w})
+    db, fake, lines = tmp_path / "db.jsonl", CudaWinsRows(), []
+    deploy.compile(model, target="h100", aot=False, tune="quick", tuning_db=str(db),
+                   gpu_codegen="auto", measure=fake, log=lines.append)
+    assert ("cuda", 2) in fake.calls and any("-> cuda" in x for x in lines)
+    art = deploy.compile(model, target="h100", aot=False, tuning_db=str(db), gpu_codegen="auto")
+    chosen = {k["note"].split(":")[0]: k["codegen"] for k in art.manifest["kernels"]}
+    assert set(chosen.values()) == {"cuda", "triton"}, chosen
+    assert all(c == ("cuda" if "Softmax" in n else "triton")
+               for n, c in ((k["note"], k["codegen"]) for k in art.manifest["kernels"]))
+    assert art.manifest["gpu"]["codegen"] == "auto"
+    assert {"gpu/kernels.py", "gpu/kernels.cu"} <= set(art.members)
+    plain = deploy.compile(model, target="h100", aot=False, gpu_codegen="auto")  # no records
+    assert {k["codegen"] for k in plain.manifest["kernels"]} == {"triton"}
