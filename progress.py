@@ -185,7 +185,7 @@ class TerminalProgress(Progress):
 
         import [00:03]
         render: 57/124 kernels |█████▌      | [00:02<00:02]
-        tune: 3/12 kernels |██          | best gain 1.12x, 8:41 left of 10:00
+        tune: 3/12 kernels |███         | [01:19, gain 1.12x, 8:41 left of 10:00]
 
     A stage without counts shows its elapsed time, refreshed by a ticker thread."""
 
@@ -214,7 +214,7 @@ class TerminalProgress(Progress):
         if self._bar is None or self._step != ev.step or self._bar.total != ev.total:
             self._open(ev.step, ev.total, ev.info.get("unit", ""))
         if ev.step == "tune" and "left_s" in ev.info:
-            self._bar.set_postfix_str(f"best gain {ev.info['gain']:.2f}x, "
+            self._bar.set_postfix_str(f"gain {ev.info['gain']:.2f}x, "
                                       f"{_clock(ev.info['left_s'])} left of "
                                       f"{_clock(ev.info['budget_s'])}", refresh=False)
         self._bar.update(max(0, ev.done - self._bar.n))
@@ -229,7 +229,7 @@ class TerminalProgress(Progress):
         if total is None:
             fmt = "{desc} [{elapsed}]"
         elif what == "tune":
-            fmt = "{desc}: {n_fmt}/{total_fmt} " + unit + " |{bar:20}| {postfix}"
+            fmt = "{desc}: {n_fmt}/{total_fmt} " + unit + " |{bar:12}| [{elapsed}{postfix}]"
         else:
             fmt = "{desc}: {n_fmt}/{total_fmt} " + unit + " |{bar:20}| [{elapsed}<{remaining}]"
         self._bar = tqdm(total=total, desc=desc, bar_format=fmt, file=self.stream, leave=False,

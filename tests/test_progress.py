@@ -101,7 +101,7 @@ def test_terminal_line_shows_stage_counts_and_tuning():
         p.tuner_log(lambda line: term.write(line + "\n"))("tune [2/5] a line")
     text = term.getvalue()
     assert "render+build [00:00]" in text and "render: 3/3 kernels" in text
-    assert "tune: 2/5 kernels" in text and "best gain 1.23x, 1:01 left of 10:00" in text
+    assert "tune: 2/5 kernels" in text and "gain 1.23x, 1:01 left of 10:00]" in text
     assert "tune [2/5] a line\n" in text
 
 
