@@ -394,9 +394,11 @@ def _plan(graph: Graph) -> Plan:
 
 
 def _plan_memory(graph: Graph, plan: Plan) -> MemoryPlan:
-    runtime = set(sym.context().runtime)  # sizes known after a host op ran: fresh buffers
+    # fresh buffers: sizes known after a host op ran; strings, sequences (objects) on the host
+    runtime = set(sym.context().runtime)
     nbytes = {i: (v.type.sym_numel * v.dtype.itemsize if v.type.is_symbolic and not
-                  runtime & {s for d in v.shape for s in free_symbols(d)} else None)
+                  runtime & {s for d in v.shape for s in free_symbols(d)}
+                  and v.dtype.c_type is not None else None)
               for v, i in plan.ids.items()}
     outside = {plan.ids[v] for v in graph.inputs} | set(plan.constants) | \
         {plan.ids[v] for v in graph.outputs}

@@ -36,15 +36,24 @@ class DeployRep(BackendRep):
 
     def _feed(self, inputs) -> dict:
         pairs = inputs.items() if isinstance(inputs, dict) else zip(self._input_names(), inputs)
-        return {name: _tensor(name, v) for name, v in pairs}
+        held = self._held_names()
+        return {name: v if name in held else _tensor(name, v) for name, v in pairs}
+
+    def _held_names(self) -> set[str]:
+        """Sequence- and optional-typed inputs: passed as they are (a list, None or a value),
+        never specialized (host ops read them)."""
+        return {i.name for i in self.model.graph.input
+                if i.type.WhichOneof("value") in ("sequence_type", "optional_type")}
 
     def _input_names(self) -> list[str]:
         inits = {t.name for t in self.model.graph.initializer}
         return [i.name for i in self.model.graph.input if i.name not in inits]
 
     def _key(self, feed):
-        parts = []
+        parts, held = [], self._held_names()
         for k, v in sorted(feed.items()):
+            if k in held:
+                continue
             val = v.tobytes() if k in self._const_names else b""
             parts.append((k, v.shape, str(v.dtype), val))
         return tuple(parts)
@@ -58,16 +67,21 @@ class DeployRep(BackendRep):
     def _compile(self, feed):
         from .compiler import compile as deploy_compile
         from .frontends.onnx import NeedsConstant
-        for _ in range(len(feed) + 1):
+        held, on_host = self._held_names(), False
+        for _ in range(len(feed) + 2):
             consts = {k: feed[k] for k in self._const_names}
-            shapes = {k: v.shape for k, v in feed.items() if k not in consts}
+            shapes = {k: v.shape for k, v in feed.items() if k not in consts and k not in held}
             try:
+                # (no constant_inputs: operands known only at run time run on the host)
                 art = deploy_compile(self.model, target=self.target, shapes=shapes,
-                                     constant_inputs=consts, **self.options)
+                                     constant_inputs=None if on_host else consts, **self.options)
                 return _load(art), set(consts)
             except NeedsConstant as e:
                 wanted = {v.name for v in getattr(e, "inputs", ())} | {e.value.name}
-                wanted = {n for n in wanted if n in feed} - self._const_names
+                wanted = {n for n in wanted if n in feed} - self._const_names - held
+                if not wanted and not consts and not on_host:
+                    on_host = True  # computed from a sequence or optional input: no values
+                    continue
                 if not wanted:
                     raise DeployError(str(e)) from None
                 self._const_names |= wanted

@@ -159,6 +159,8 @@ class Builder:
     def _foldable(self, op: OpDef, inputs, types) -> bool:
         if not all(v is None or v in self.constants for v in inputs):
             return False
+        if any(t.dtype.is_host_value for t in types):  # a sequence is no constant tensor
+            return False
         return fold_fits(types, [self.constants.get(v) for v in inputs if v is not None])
 
     def finish(self, outputs: list[Value], names: list[str] | None = None) -> Graph:

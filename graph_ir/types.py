@@ -46,6 +46,10 @@ class DType(enum.Enum):
     float4e2m1 = ("uint8", "uint8_t", 23)
     uint2 = ("uint8", "uint8_t", 25)
     int2 = ("uint8", "uint8_t", 26)
+    # host values (no ONNX element type; rank 0, numpy holds them in a 0-d object array): an
+    # ONNX sequence only known at run time (a list of arrays), an optional (None or its value)
+    sequence = ("object", None, -1)
+    optional = ("object", None, -2)
 
     @property
     def np(self) -> np.dtype:
@@ -54,6 +58,11 @@ class DType(enum.Enum):
         if self in _ML:
             return _ML[self]
         return np.dtype(self.value[0])
+
+    @property
+    def is_host_value(self) -> bool:
+        """A run-time sequence or optional: only host ops read or make it."""
+        return self.onnx < 0
 
     @property
     def is_narrow(self) -> bool:
@@ -132,11 +141,12 @@ def _narrow_dtypes() -> dict:
 NARROW_BITS = {DType.int4: 4, DType.uint4: 4, DType.float4e2m1: 4, DType.int2: 2, DType.uint2: 2}
 _BF16 = _bfloat16_dtype()
 _ML = _narrow_dtypes()
-_FROM_NP = {d.np: d for d in DType if d is not DType.bfloat16 and not d.is_narrow}
+_FROM_NP = {d.np: d for d in DType if d is not DType.bfloat16 and not d.is_narrow
+            and not d.is_host_value}
 if _BF16.name == "bfloat16":
     _FROM_NP[_BF16] = DType.bfloat16
 _FROM_NP.update({v: k for k, v in _ML.items()})
-_FROM_ONNX = {d.onnx: d for d in DType}
+_FROM_ONNX = {d.onnx: d for d in DType if not d.is_host_value}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu import GpuModule, SymbolicGpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
 from .shapes import ShapeProgram, evaluate, is_symbolic, shape_of
-from .specs import TensorSpec, validate_inputs
+from .specs import TensorSpec, is_holder, unhold, validate_inputs
 
 _LIB_DIR = None
 _LIB_LOCK = threading.Lock()
@@ -96,6 +96,7 @@ class Module:
         self._input_checks = [(s.name, storage_dtype(s.dtype), tuple(s.shape))
                               for s in self.input_specs]  # (symbolic dims never match exactly)
         self._raw_outputs = any(is_raw(s.dtype) for s in self.output_specs)
+        self._held_outputs = any(is_holder(s) for s in self.output_specs)
         self._pool: collections.deque[Workspace] = collections.deque()
         self._pool_lock = threading.Lock()
         self.workspaces_made = 0  # how many arenas this module has allocated (one per concurrent run)
@@ -151,6 +152,8 @@ class Module:
         if self._raw_outputs:
             return [o.view(user_dtype(spec.dtype)) if is_raw(spec.dtype) else o
                     for o, spec in zip(outs, self.output_specs)]
+        if self._held_outputs:  # sequences and optionals: a list, None or the value
+            return [unhold(o) if is_holder(spec) else o for o, spec in zip(outs, self.output_specs)]
         return outs
 
     def close(self) -> None:

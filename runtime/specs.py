@@ -7,6 +7,7 @@ import numpy as np
 
 from ..errors import InputError
 from .dtypes import accepts, storage_dtype
+from .onnx_node import hold
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
         raise InputError(f"expected {len(specs)} input(s) {[s.name for s in specs]}, got {len(given)}")
     out = []
     for spec, arr in zip(specs, given):
+        if is_holder(spec) and not _held(arr):
+            out.append(hold(arr))  # a sequence (list of arrays) or optional (None or a value)
+            continue
         arr = np.asarray(arr)
         if spec.dtype == "object" and arr.dtype.kind in "US":  # strings: held as objects
             arr = arr.astype(object)
@@ -64,3 +68,24 @@ def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
         arr = np.ascontiguousarray(arr).reshape(arr.shape)  # 0-d stays 0-d
         out.append(arr.view(storage_dtype(spec.dtype)))
     return out
+
+
+def is_holder(spec: TensorSpec) -> bool:
+    """Rank-0 object values are strings, or host values: a sequence or an optional (held in a
+    0-d object array)."""
+    return spec.dtype == "object" and spec.shape == ()
+
+
+def _held(x) -> bool:
+    """As the runtime holds a rank-0 object value already: a string scalar, or a 0-d object
+    array (a string, or a held sequence or optional)."""
+    return isinstance(x, (str, bytes)) or (isinstance(x, np.ndarray) and x.ndim == 0
+                                           and x.dtype.kind in "USO")
+
+
+def unhold(x: np.ndarray):
+    """A held sequence or optional as the user sees it (a list, None or the value); a string
+    scalar as it is."""
+    if x.ndim == 0 and x.dtype == object and not isinstance(x[()], (str, bytes)):
+        return x[()]
+    return x

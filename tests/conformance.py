@@ -316,7 +316,9 @@ def _run_deploy_aot(model, data_sets, case: Case, result: Result) -> None:
     names = [s.name for s in mod.input_specs]
     try:
         for ins, refs in data_sets:
-            feed = {n: np.asarray(x) for n, x in zip(names, ins)}
+            # sequences (lists) and empty optionals (None) go in as they are
+            feed = {n: x if x is None or isinstance(x, list) else np.asarray(x)
+                    for n, x in zip(names, ins)}
             compare(refs, list(mod.run(feed)), case.rtol, case.atol)
     except Mismatch as e:
         result.status, result.detail = e.status, _one_line(e)

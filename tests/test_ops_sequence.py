@@ -1,10 +1,10 @@
 """ONNX sequence ops (resolved at import: a sequence is a list of graph values), checked through
-the whole compiler against ONNX Runtime on small random inputs; plus the errors for sequences
-that would have to exist at run time."""
+the whole compiler against ONNX Runtime on small random inputs; sequences and optionals that
+exist only at run time (model inputs and outputs, run-time positions) run on the host."""
+import deploy
 import numpy as np
 import pytest
 from deploy.errors import ModelError
-from deploy.frontends.onnx import NeedsConstant
 from onnx import TensorProto, helper
 
 from tests.util import check_against_ort, make_model, run_deploy, run_ort
@@ -106,28 +106,61 @@ def test_loop_carries_a_sequence():
     check_against_ort(model, {"X": x})
 
 
-def test_sequence_output_is_an_error_naming_it():
-    model = make_model([helper.make_node("SplitToSequence", ["X"], ["parts"])],
+def test_sequence_output_leaves_the_model_as_a_list():
+    # the import-time sequence is packed into a run-time one (SequenceConstruct on the host)
+    model = make_model([helper.make_node("SplitToSequence", ["X"], ["parts"], axis=1)],
                        [("X", F32, (2, 3))],
                        [helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None)])
-    with pytest.raises(ModelError, match="output 'parts' is a sequence"):
-        run_deploy(model, {"X": _rand(2, 3)})
+    x = _rand(2, 3)
+    (ours,), (ref,) = run_deploy(model, {"X": x}), run_ort(model, {"X": x})
+    assert isinstance(ours, list) and len(ours) == len(ref) == 3
+    for a, b in zip(ours, ref):
+        np.testing.assert_array_equal(a, b)
 
 
-def test_sequence_input_is_an_error():
-    model = make_model([helper.make_node("SequenceAt", ["S", "k"], ["y"])],
-                       [helper.make_tensor_sequence_value_info("S", TensorProto.FLOAT, None)],
-                       [("y", F32, None)], initializers={"k": _i64(0)})
-    with pytest.raises(ModelError, match="input 'S' is sequence-typed"):
-        run_deploy(model, {})
+def test_sequence_input_runs_its_ops_on_the_host():
+    # a sequence given at run time: SequenceAt/Insert/Length run on the host; the kernels after
+    # them take the element's sizes as run-time sizes
+    nodes = [helper.make_node("SequenceInsert", ["S", "X"], ["S2"]),
+             helper.make_node("SequenceAt", ["S2", "k"], ["e"]),
+             helper.make_node("Relu", ["e"], ["y"]),
+             helper.make_node("SequenceLength", ["S2"], ["n"])]
+    model = make_model(nodes, [helper.make_tensor_sequence_value_info("S", TensorProto.FLOAT,
+                                                                      (2, None)),
+                               ("X", F32, (2, 5)), ("k", np.int64, ())],
+                       [("y", F32, None), ("n", np.int64, None)])
+    mod = deploy.compile(model).load()
+    for length, k in ((3, 0), (1, -1), (4, 2)):
+        feeds = {"S": [_rand(2, 1 + j) for j in range(length)], "X": _rand(2, 5), "k": _i64(k)}
+        for a, b in zip(mod.run(feeds), run_ort(model, feeds)):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
-def test_runtime_position_needs_a_constant():
-    nodes = [helper.make_node("SequenceConstruct", ["X", "X"], ["s"]),
+def test_runtime_position_runs_on_the_host():
+    nodes = [helper.make_node("SequenceConstruct", ["X", "X2"], ["s"]),
              helper.make_node("SequenceAt", ["s", "k"], ["y"])]
-    model = make_model(nodes, [("X", F32, (2,)), ("k", np.int64, ())], [("y", F32, None)])
-    with pytest.raises(NeedsConstant, match="SequenceAt's position"):
-        run_deploy(model, {"X": _rand(2), "k": _i64(1)})
+    model = make_model(nodes, [("X", F32, (2,)), ("X2", F32, (2,)), ("k", np.int64, ())],
+                       [("y", F32, None)])
+    mod = deploy.compile(model).load()
+    for k in (0, 1, -2):
+        feeds = {"X": _rand(2), "X2": _rand(2), "k": _i64(k)}
+        np.testing.assert_array_equal(mod.run(feeds)[0], run_ort(model, feeds)[0])
+
+
+def test_optional_input_present_or_empty():
+    nodes = [helper.make_node("OptionalHasElement", ["O"], ["has"]),
+             helper.make_node("OptionalGetElement", ["O"], ["v"]),
+             helper.make_node("Neg", ["v"], ["y"])]
+    opt = helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [3]))
+    model = make_model(nodes[:1], [helper.make_value_info("O", opt)],
+                       [("has", np.bool_, None)], opset=18)
+    mod = deploy.compile(model).load()
+    assert mod.run({"O": None})[0] == np.array(False)
+    assert mod.run({"O": _rand(3)})[0] == np.array(True)
+    model = make_model(nodes[1:], [helper.make_value_info("O", opt)], [("y", F32, None)],
+                       opset=18)
+    x = _rand(3)
+    np.testing.assert_array_equal(deploy.compile(model).load().run({"O": x})[0], -x)
 
 
 def test_out_of_range_position_is_a_model_error():
@@ -163,3 +196,17 @@ def test_loop_with_runtime_condition_carrying_a_sequence_specializes():
         ours, ref = rep.run([x]), run_ort(model, {"X": x})
         assert int(ours[0]) == int(ref[0])
         np.testing.assert_allclose(ours[1], ref[1])
+
+
+def test_onnx_backend_takes_sequence_inputs_as_lists():
+    # the JIT path: a sequence input is never specialized; SequenceMap runs on the host
+    import deploy.onnx_backend as be
+    body = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "double",
+                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = make_model([helper.make_node("SequenceMap", ["S"], ["T"], body=body)],
+                       [helper.make_tensor_sequence_value_info("S", TensorProto.FLOAT, None)],
+                       [helper.make_tensor_sequence_value_info("T", TensorProto.FLOAT, None)])
+    seq = [_rand(2), _rand(3, 1)]
+    (out,) = be.prepare(model).run([seq])
+    assert len(out) == 2 and all(np.array_equal(o, 2 * s) for o, s in zip(out, seq))

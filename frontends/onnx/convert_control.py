@@ -64,7 +64,7 @@ def convert_if(cx, node, ins):
 
 
 def _tensor(v) -> bool:
-    return hasattr(v, "shape") and hasattr(v, "dtype")
+    return hasattr(v, "shape") and hasattr(v, "dtype") and not v.dtype.is_host_value
 
 
 # ---- Loop ----------------------------------------------------------------------------------

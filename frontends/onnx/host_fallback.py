@@ -30,19 +30,48 @@ def host_node(cx: OnnxCtx, node: onnx.NodeProto, env: dict) -> list | None:
     (``y_dim0`` ...) unless inference ties them to input dims.
     """
     names = list(dict.fromkeys([n for n in node.input if n] + _outer_names(node, env)))
-    values = [env[n] for n in names]
+    values = [pack_sequence(cx, env[n]) if isinstance(env[n], list) else env[n] for n in names]
     if not all(isinstance(v, Value) for v in values):
         return None
     outputs = _output_types(cx, node, names, values, env)
     if outputs is None:
         return None
     values = [cx.b.materialize(v) for v in values]  # shape values as run-time tensors
-    model = _node_model(cx, node, names, values, [t for _, t in outputs])
-    outs = iter(cx.b.emit(host.OnnxNode, values, name=node.name or node.op_type.lower(),
-                          model=base64.b64encode(model.SerializeToString()).decode("ascii"),
-                          op_type=node.op_type, out_dims=tuple(d for d, _ in outputs),
-                          out_dtypes=tuple(t.name for _, t in outputs)))
-    return [next(outs) if name else None for name in node.output]
+    model = _node_model(cx, node, names, values, [(t, p) for _, t, p in outputs])
+    outs = cx.b.emit(host.OnnxNode, values, name=node.name or node.op_type.lower(),
+                     model=base64.b64encode(model.SerializeToString()).decode("ascii"),
+                     op_type=node.op_type, out_dims=tuple(d for d, _, _ in outputs),
+                     out_dtypes=tuple(t.name for _, t, _ in outputs))
+    for v, (_, _, proto) in zip(outs, outputs):
+        if v.dtype.is_host_value:
+            cx.host_types[v] = proto
+    it = iter(outs)
+    return [next(it) if name else None for name in node.output]
+
+
+def pack_sequence(cx: OnnxCtx, seq: list) -> Value:
+    """An import-time sequence (a list of Values) as a run-time one, for a host op or a model
+    output: SequenceConstruct of its elements (SequenceEmpty when it has none) on the host."""
+    names = [f"__element{k}" for k in range(len(seq))]
+    if seq:
+        node = helper.make_node("SequenceConstruct", names, ["sequence"])
+    else:
+        dtype = getattr(seq, "dtype", None) or DType.float32
+        node = helper.make_node("SequenceEmpty", [], ["sequence"], dtype=dtype.onnx)
+    out = host_node(cx, node, dict(zip(names, seq)))
+    if out is None:
+        raise NotImplementedError("a sequence of these elements cannot be made at run time")
+    return out[0]
+
+
+def empty_optional(cx: OnnxCtx, type_proto: onnx.TypeProto) -> Value:
+    """An empty optional of ``type_proto`` (an optional type) as a run-time value."""
+    node = helper.make_node("Optional", [], ["optional"],
+                            type=type_proto.optional_type.elem_type)
+    out = host_node(cx, node, {})
+    if out is None:
+        raise NotImplementedError("an empty optional of this type cannot be made at run time")
+    return out[0]
 
 
 def _plain(dtype: DType) -> bool:
@@ -69,33 +98,38 @@ def _free_names(g: onnx.GraphProto) -> list[str]:
     return free + [o.name for o in g.output if o.name not in defined]
 
 
-def _value_info(name: str, v: Value, k: int | None) -> onnx.ValueInfoProto:
+def _value_info(cx: OnnxCtx, name: str, v: Value, k: int | None) -> onnx.ValueInfoProto:
     """``v``'s type; with ``k``, dims not known as numbers are named ``__in<k>_<axis>``."""
+    if v.dtype.is_host_value:  # a run-time sequence or optional: its ONNX type as recorded
+        return helper.make_value_info(name, cx.host_types[v])
     dims = None if k is None else [d if isinstance(d, int) else f"__in{k}_{a}"
                                    for a, d in enumerate(v.shape)]
     return helper.make_tensor_value_info(name, v.dtype.onnx, dims)
 
 
 def _node_model(cx: OnnxCtx, node: onnx.NodeProto, names: list[str], values: list[Value],
-                out_dtypes: list[DType] | None = None, initializers=()) -> onnx.ModelProto:
+                out_dtypes: list[tuple] | None = None, initializers=()) -> onnx.ModelProto:
     """A model of ``node`` alone with inputs ``names``. With ``out_dtypes`` (for the runtime):
-    the outputs' element types, input shapes left out; without (for shape inference): input
+    the outputs' (element type, ONNX type), input shapes left out; without (for inference): input
     shapes (dims not known as numbers named ``__in<k>_<axis>``) and untyped outputs."""
     present = [n for n in node.output if n]
     if out_dtypes is None:
-        ins = [_value_info(n, v, k) for k, (n, v) in enumerate(zip(names, values))]
+        ins = [_value_info(cx, n, v, k) for k, (n, v) in enumerate(zip(names, values))]
         outs = [helper.make_value_info(n, onnx.TypeProto()) for n in present]
     else:
-        ins = [_value_info(n, v, None) for n, v in zip(names, values)]
-        outs = [helper.make_tensor_value_info(n, t.onnx, None) for n, t in zip(present, out_dtypes)]
+        ins = [_value_info(cx, n, v, None) for n, v in zip(names, values)]
+        outs = [helper.make_value_info(n, proto) if t.is_host_value else
+                helper.make_tensor_value_info(n, t.onnx, None)
+                for n, (t, proto) in zip(present, out_dtypes)]
     g = helper.make_graph([node], "node", ins, outs, list(initializers))
     return helper.make_model(g, opset_imports=[helper.make_opsetid(d, v)
                                                for d, v in cx.opsets.items()])
 
 
 def _output_types(cx: OnnxCtx, node: onnx.NodeProto, names: list[str], values: list[Value],
-                  env: dict) -> list[tuple[tuple, DType]] | None:
-    """(dims, dtype) per present output: dims as ``OnnxNode``'s ``out_dims`` wants them."""
+                  env: dict) -> list[tuple[tuple, DType, onnx.TypeProto]] | None:
+    """(dims, dtype, ONNX type) per present output: dims as ``OnnxNode``'s ``out_dims`` wants
+    them; a sequence or optional output is a host value of rank 0."""
     small = [numpy_helper.from_array(np.asarray(cx.b.constants[v]), n)
              for n, v in zip(names, values) if v in cx.b.constants and cx.b.constants[v].size <= 64
              and _plain(v.dtype) and cx.b.constants[v].dtype != object]
@@ -109,6 +143,13 @@ def _output_types(cx: OnnxCtx, node: onnx.NodeProto, names: list[str], values: l
     ranks = rule(cx, node, [env[n] if n else None for n in node.input]) if rule else None
     result = []
     for j, name in enumerate(n for n in node.output if n):
+        kind = found[name].WhichOneof("value")
+        if kind in ("sequence_type", "optional_type"):
+            if not _typed(found[name]):
+                return None
+            result.append(((), DType.sequence if kind == "sequence_type" else DType.optional,
+                           found[name]))
+            continue
         tt = found[name].tensor_type if found[name].HasField("tensor_type") else None
         if tt is None or not tt.elem_type:
             return None
@@ -122,8 +163,18 @@ def _output_types(cx: OnnxCtx, node: onnx.NodeProto, names: list[str], values: l
             dims = tuple(_dim(None, name, a) for a in range(ranks[j]))
         else:
             return None
-        result.append((dims, dtype))
+        result.append((dims, dtype, found[name]))
     return result
+
+
+def _typed(t: onnx.TypeProto) -> bool:
+    """Whether a sequence or optional type knows its innermost element type."""
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        return bool(t.tensor_type.elem_type)
+    if kind in ("sequence_type", "optional_type"):
+        return _typed(getattr(t, kind).elem_type)
+    return False
 
 
 def _dim(d, out_name: str, axis: int):
@@ -168,7 +219,7 @@ def _squeeze_rank(cx, node, ins) -> list[int] | None:
 
 def _loop_ranks(cx, node, ins) -> list:
     """Loop-carried values keep their rank; scan outputs are left to inference (None)."""
-    carried = [len(v.shape) if v is not None else None for v in ins[2:]]
+    carried = [len(v.shape) if isinstance(v, Value) else None for v in ins[2:]]
     return carried + [None] * (sum(1 for n in node.output if n) - len(carried))
 
 

@@ -17,7 +17,7 @@ from ...graph_ir.graph import Graph, Value
 from ...graph_ir.sym import Sym, SymbolicError, free_symbols, symbol_name
 from ...graph_ir.types import DType, TensorType
 from .expand import expand_functions, lacks
-from .host_fallback import host_node
+from .host_fallback import empty_optional, host_node, pack_sequence
 from .registry import CONVERTERS, DEFAULT_DOMAINS, NeedsConstant, OnnxCtx, op_key
 
 
@@ -119,9 +119,8 @@ def import_onnx(model, shapes: dict[str, tuple] | None = None,
                  opsets={imp.domain: imp.version for imp in proto.opset_import})
     bound: dict[str, int] = dict(bind or {})
     env = _bind_inputs(cx, proto.graph, shapes or {}, constant_inputs or {}, bound)
-    outputs = convert_graph(cx, proto.graph, env)
+    outputs = _model_outputs(cx, proto.graph, convert_graph(cx, proto.graph, env))
     names = [o.name for o in proto.graph.output]
-    _check_tensor_outputs(proto.graph, outputs)
     graph = cx.b.finish(outputs, names)
     return graph, {"opset": cx.opset, "bound_dims": bound}
 
@@ -135,7 +134,10 @@ def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> lis
         ins = [env[name] if name else None for name in node.input]
         cx.node = node
         try:
-            outs = CONVERTERS[op_key(node)](cx, node, ins)
+            if node.op_type != "Identity" and any(_host_value(v) for v in ins):
+                outs = _on_host(cx, node, env)  # a run-time sequence or optional: host ops only
+            else:
+                outs = CONVERTERS[op_key(node)](cx, node, ins)
         except SymbolicError:
             raise  # the compiler binds the symbols it names and compiles again
         except NeedsConstant as e:
@@ -152,16 +154,33 @@ def convert_graph(cx: OnnxCtx, g: onnx.GraphProto, env: dict[str, Value]) -> lis
     return [env[o.name] for o in g.output]
 
 
-def _check_tensor_outputs(g: onnx.GraphProto, outputs: list) -> None:
-    """Sequences (lists of Values) and empty optionals (None) exist only at import time."""
+def _host_value(v) -> bool:
+    return isinstance(v, Value) and v.dtype.is_host_value
+
+
+def _on_host(cx: OnnxCtx, node: onnx.NodeProto, env: dict) -> list:
+    outs = host_node(cx, node, env)
+    if outs is None:
+        raise NotImplementedError("it reads a sequence or optional known only at run time, so "
+                                  "it runs on the host, but ONNX's shape inference gives no "
+                                  "type for its outputs")
+    return outs
+
+
+def _model_outputs(cx: OnnxCtx, g: onnx.GraphProto, outputs: list) -> list[Value]:
+    """Sequences resolved at import (lists of Values) leave the model as run-time sequences,
+    empty optionals (None) as run-time empty optionals."""
+    out = []
     for vi, v in zip(g.output, outputs):
-        if isinstance(v, list) or vi.type.HasField("sequence_type"):
-            raise ModelError(f"output '{vi.name}' is a sequence; only tensor outputs are supported "
-                             "(sequences are resolved at import, so runtime sequences cannot "
-                             "leave the model)")
-        if v is None:
-            raise ModelError(f"output '{vi.name}' is an empty optional; only tensor outputs are "
-                             "supported")
+        if isinstance(v, list):
+            v = pack_sequence(cx, v)
+        elif v is None and vi.type.HasField("optional_type"):
+            v = empty_optional(cx, vi.type)
+        elif v is None:
+            raise ModelError(f"output '{vi.name}' is an empty optional, but the model declares "
+                             "no optional type for it")
+        out.append(v)
+    return out
 
 
 def _to_array(t: onnx.TensorProto) -> np.ndarray:
@@ -183,6 +202,14 @@ def _bind_inputs(cx: OnnxCtx, g: onnx.GraphProto, shapes, const_inputs, bound) -
     for vi in g.input:
         if vi.name in inits:
             continue  # old-IR models list initializers among inputs
+        kind = vi.type.WhichOneof("value")
+        if kind in ("sequence_type", "optional_type") and vi.name not in const_inputs:
+            # a sequence or optional input: a host value that host ops (OnnxNode) read
+            v = cx.b.input(vi.name, TensorType((), DType.sequence if kind == "sequence_type"
+                                               else DType.optional))
+            cx.host_types[v] = vi.type
+            env[vi.name] = v
+            continue
         if vi.name in const_inputs:
             env[vi.name] = cx.b.const(const_inputs[vi.name], vi.name)
             continue

@@ -38,6 +38,8 @@ class OnnxCtx:
     # off for callers that specialize the operand to a constant instead (the ONNX backend)
     host_fallback: bool = False
     opsets: dict = field(default_factory=dict)  # domain -> version: the model's opset imports
+    # run-time sequences and optionals (DType.sequence / optional values): their ONNX types
+    host_types: dict = field(default_factory=dict)
 
     def attrs(self, node: onnx.NodeProto) -> dict:
         return {a.name: _attr_value(a) for a in node.attribute}
