@@ -222,11 +222,14 @@ def _launch(f: GpuFunction, k: Kernel, temps: dict[str, int], warp: int) -> dict
 
 
 def _attach(plans: dict, compiled: dict[str, Binary]) -> None:
-    """Fill in what only the compile knows: shared memory, warps (threads), the ABI, binaries."""
+    """Fill in what only the compile knows: shared memory, warps (threads), the ABI, binaries
+    (of the launches whose functions ``compiled`` holds: one code generator's at a time)."""
     for plan in plans.values():
         for launch in [*plan["launches"], *(x for v in plan.get("variants", ())
                                               for x in v["launches"])]:
-            b = compiled[launch["fn"]]
+            b = compiled.get(launch["fn"])
+            if b is None:
+                continue
             warp = 64 if "hsaco" in b.images else 32
             launch.update(shared=b.shared, num_warps=b.num_warps, block=[warp * b.num_warps, 1, 1],
                           params=b.params, global_scratch=b.global_scratch,
