@@ -210,9 +210,9 @@ def _progress_args(p) -> None:
                         "elapsed (docs/debugging.md)")
 
 
-def _progress(args) -> Progress:
+def _progress(args, tick: bool = True) -> Progress:
     """The reporter ``--quiet`` / ``--log-json`` and stderr ask for (deploy/progress.py)."""
-    return for_command(quiet=args.quiet, log_json=args.log_json)
+    return for_command(quiet=args.quiet, log_json=args.log_json, tick=tick)
 
 
 def _target_arg(p) -> None:
@@ -539,7 +539,7 @@ def compare(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[boo
 
 def cmd_bench(args) -> int:
     from .runtime import load
-    with _progress(args) as progress:
+    with _progress(args, tick=False) as progress:  # no thread beside the timed calls
         progress.begin("load")
         t0 = time.perf_counter()
         mod = load(args.artifact)
@@ -590,18 +590,26 @@ def _time(fn, warmup: int, runs: int, progress: Progress | None = None,
     if runs < 1 or warmup < 0:
         raise UsageError(f"--runs must be >= 1 and --warmup >= 0, got {runs} and {warmup}")
     progress = progress or Progress()
-    start = time.perf_counter()
+    start = last = time.perf_counter()
     progress.begin(stage)
+
+    def tick(step: str, done: int, total: int) -> None:  # at most 10 a second: little noise
+        nonlocal last
+        now = time.perf_counter()
+        if done in (0, total) or now - last >= 0.1:
+            progress.count(step, done, total, unit="runs")
+            last = now
+
     for i in range(warmup):
-        progress.count("warmup", i, warmup, unit="runs")
+        tick("warmup", i, warmup)
         fn()
     ts = []
     for i in range(runs):
-        progress.count("runs", i, runs, unit="runs")
+        tick("runs", i, runs)
         t0 = time.perf_counter_ns()
         fn()
         ts.append((time.perf_counter_ns() - t0) / 1e6)
-    progress.count("runs", runs, runs, unit="runs")
+    tick("runs", runs, runs)
     progress.end(stage, round(time.perf_counter() - start, 4))
     t = np.array(ts)
     return {"median_ms": round(float(np.median(t)), 4),

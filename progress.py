@@ -187,14 +187,18 @@ class TerminalProgress(Progress):
         render: 57/124 kernels |█████▌      | [00:02<00:02]
         tune: 3/12 kernels |███         | [01:19, gain 1.12x, 8:41 left of 10:00]
 
-    A stage without counts shows its elapsed time, refreshed by a ticker thread."""
+    A stage without counts shows its elapsed time, redrawn by a ticker thread; ``tick=False``
+    leaves it out where a sleeping thread would show in the figures (a Python thread, even
+    asleep, adds ~30 us to each call of a small model: ``deploy bench``), and tqdm's own
+    monitor thread is never started."""
 
     TICK = 0.5  # seconds between redraws of a line that nothing updates
 
-    def __init__(self, stream=None, prefix: str = "") -> None:
+    def __init__(self, stream=None, prefix: str = "", tick: bool = True) -> None:
         super().__init__()
         self.stream = stream or sys.stderr
         self.prefix = prefix
+        self.tick = tick
         self._bar = None
         self._step = None
         self._lock = threading.RLock()
@@ -222,7 +226,6 @@ class TerminalProgress(Progress):
             self._bar.refresh()
 
     def _open(self, what: str, total: int | None, unit: str = "") -> None:
-        from tqdm import tqdm  # only a terminal pays for the import
         self._close_bar()
         desc = f"{self.prefix}{what}"
         cols, rows = _size(self.stream)
@@ -232,7 +235,7 @@ class TerminalProgress(Progress):
             fmt = "{desc}: {n_fmt}/{total_fmt} " + unit + " |{bar:12}| [{elapsed}{postfix}]"
         else:
             fmt = "{desc}: {n_fmt}/{total_fmt} " + unit + " |{bar:20}| [{elapsed}<{remaining}]"
-        self._bar = tqdm(total=total, desc=desc, bar_format=fmt, file=self.stream, leave=False,
+        self._bar = _bar_class()(total=total, desc=desc, bar_format=fmt, file=self.stream, leave=False,
                          ncols=cols, nrows=rows, mininterval=0.1, smoothing=0.1)
         self._step = what
         self._start_ticker()
@@ -243,7 +246,7 @@ class TerminalProgress(Progress):
             self._bar, self._step = None, None
 
     def _start_ticker(self) -> None:
-        if self._ticker is None:
+        if self.tick and self._ticker is None:
             self._ticker = threading.Thread(target=self._tick, name="deploy-progress",
                                             daemon=True)
             self._ticker.start()
@@ -266,6 +269,16 @@ class TerminalProgress(Progress):
             self._ticker = None
         with self._lock:
             self._close_bar()
+
+
+def _bar_class():
+    """tqdm's bar without its monitor thread (only a terminal pays for the import)."""
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        monitor_interval = 0
+
+    return Bar
 
 
 def _size(stream) -> tuple[int, int]:
@@ -291,12 +304,14 @@ def is_terminal(stream) -> bool:
         return False
 
 
-def for_command(quiet: bool = False, log_json: bool = False, stream=None) -> Progress:
+def for_command(quiet: bool = False, log_json: bool = False, stream=None,
+                tick: bool = True) -> Progress:
     """The command line's reporter: ``--log-json`` lines, else a status line when ``stream``
-    (stderr) is a terminal and ``--quiet`` is not given, else nothing."""
+    (stderr) is a terminal and ``--quiet`` is not given (``tick``: see TerminalProgress), else
+    nothing."""
     stream = stream or sys.stderr
     if log_json:
         return JsonLines(stream)
     if quiet or not is_terminal(stream):
         return Progress()
-    return TerminalProgress(stream)
+    return TerminalProgress(stream, tick=tick)
