@@ -76,10 +76,18 @@ def _evaluator(encoded: str):
 
 @functools.lru_cache(maxsize=1)
 def _fixed_ops() -> list:
-    """Corrections to ONNX's reference evaluator: its ``Optional`` wraps a present value in a
-    list (``[x]``) while every other op (OptionalHasElement, OptionalGetElement, the backend
-    tests' expected outputs) holds an optional as None or the value itself."""
+    """Corrections to ONNX's reference evaluator (onnx 1.23):
+
+    - ``Optional`` wraps a present value in a list (``[x]``) while every other op
+      (OptionalHasElement, OptionalGetElement, the backend tests' expected outputs) holds an
+      optional as None or the value itself;
+    - ``Loop`` stacks scan outputs with ``np.vstack``: N scalars come out [N, 1] and N [a, b]
+      matrices [N*a, b] instead of [N] and [N, a, b] (the same elements in the same order, so
+      a reshape to [N, *element shape] corrects it); and an omitted condition stops it before
+      the first iteration instead of counting as true.
+    """
     from onnx.reference import op_run
+    from onnx.reference.ops import op_loop
 
     class Optional(op_run.OpRun):
         op_domain = ""
@@ -87,7 +95,30 @@ def _fixed_ops() -> list:
         def _run(self, x=None, type=None):  # (``type``: the ONNX attribute's name)
             return (x,)
 
-    return [Optional]
+    class Loop(op_loop.Loop):
+        op_domain = ""
+
+        def _run(self, M, cond, *args, **kwargs):
+            if cond is None:  # an omitted condition is true
+                cond = np.array(True)
+            shapes, body = [], self._run_body  # (set per instance: the body's evaluator)
+
+            def recording(inputs, **kw):
+                outs = body(inputs, **kw)
+                shapes.append([np.shape(o) for o in outs[len(outs) - self.K:]])
+                return outs
+
+            self._run_body = recording
+            try:
+                res = list(super()._run(M, cond, *args, **kwargs))
+            finally:
+                self._run_body = body
+            for k in range(self.K if shapes else 0):
+                res[self.N + k] = np.asarray(res[self.N + k]).reshape((len(shapes),
+                                                                        *shapes[0][k]))
+            return tuple(res)
+
+    return [Optional, Loop]
 
 
 def _check_shapes(outs: list, ins: list, attrs: dict) -> None:

@@ -154,3 +154,27 @@ def test_callers_that_specialize_still_get_needs_constant():
     # the ONNX backend passes constant_inputs and specializes the operand instead
     with pytest.raises(NeedsConstant, match="ReduceSum's axes"):
         import_onnx(_reduce_model(), constant_inputs={})
+
+
+def test_loop_with_a_run_time_trip_count(rng):
+    # the Loop runs on the host (its trip count is an input); its scan outputs (a scalar and a
+    # matrix per iteration) are stacked to [M] and [M, 2, 3], then kernels read them
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]),
+         helper.make_node("Add", ["acc", "step"], ["acc_out"]),
+         helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+         helper.make_node("Mul", ["acc_out", "acc_out"], ["sq"])],
+        "body", [helper.make_tensor_value_info("i", helper.TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond", helper.TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("acc", helper.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("cond_out", helper.TensorProto.BOOL, []),
+           helper.make_tensor_value_info("acc_out", helper.TensorProto.FLOAT, None),
+           helper.make_tensor_value_info("total", helper.TensorProto.FLOAT, None),
+           helper.make_tensor_value_info("sq", helper.TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Loop", ["M", "", "x"], ["last", "totals", "squares"], body=body),
+             helper.make_node("Relu", ["totals"], ["y"]),
+             helper.make_node("Neg", ["squares"], ["z"])]
+    model = make_model(nodes, [("M", I64, ()), ("x", F32, (2, 3)), ("step", F32, (2, 3))],
+                       [("last", F32, None), ("y", F32, None), ("z", F32, None)])
+    _check(model, [{"M": np.array(m, I64), "x": rng.standard_normal((2, 3), dtype=F32),
+                    "step": rng.standard_normal((2, 3), dtype=F32)} for m in (1, 4, 2)])

@@ -218,9 +218,38 @@ def _squeeze_rank(cx, node, ins) -> list[int] | None:
 
 
 def _loop_ranks(cx, node, ins) -> list:
-    """Loop-carried values keep their rank; scan outputs are left to inference (None)."""
+    """Loop-carried values keep their rank; a scan output has one more than the body's value
+    it stacks (ONNX's inference of the body on its own, None where it cannot tell)."""
     carried = [len(v.shape) if isinstance(v, Value) else None for v in ins[2:]]
-    return carried + [None] * (sum(1 for n in node.output if n) - len(carried))
+    n_scan = sum(1 for n in node.output if n) - len(carried)
+    scans = _body_output_ranks(cx, cx.attr(node, "body"), ins[2:])[1 + len(carried):]
+    scans = (scans + [None] * n_scan)[:n_scan]
+    return carried + [None if r is None else r + 1 for r in scans]
+
+
+def _body_output_ranks(cx, body: onnx.GraphProto, carried: list) -> list[int | None]:
+    """The ranks of a Loop body's outputs: the body inferred alone, its inputs typed (trip
+    index, condition, the carried values) and the outer values it reads as graph inputs."""
+    formal = [helper.make_tensor_value_info(body.input[0].name, onnx.TensorProto.INT64, []),
+              helper.make_tensor_value_info(body.input[1].name, onnx.TensorProto.BOOL, [])]
+    outer = [n for n in dict.fromkeys(_free_names(body)) if isinstance(cx.env.get(n), Value)]
+    named = [*zip((vi.name for vi in body.input[2:]), carried), *((n, cx.env[n]) for n in outer)]
+    for k, (name, v) in enumerate(named):  # (k: names the dims not known as numbers)
+        if isinstance(v, Value) and not v.dtype.is_host_value:
+            formal.append(_value_info(cx, name, v, k))
+        elif k < len(carried):
+            return []
+    g = helper.make_graph(list(body.node), "body", formal,
+                          [helper.make_value_info(o.name, onnx.TypeProto()) for o in body.output],
+                          list(body.initializer))
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid(d, v)
+                                                for d, v in cx.opsets.items()])
+    try:
+        inferred = shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001  (best effort: unknown ranks stay None)
+        return []
+    return [len(o.type.tensor_type.shape.dim) if o.type.HasField("tensor_type")
+            and o.type.tensor_type.HasField("shape") else None for o in inferred.graph.output]
 
 
 def _same_rank(cx, node, ins) -> list[int]:
