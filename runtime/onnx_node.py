@@ -86,8 +86,7 @@ def _fixed_ops() -> list:
       a reshape to [N, *element shape] corrects it); and an omitted condition stops it before
       the first iteration instead of counting as true.
     """
-    from onnx.reference import op_run
-    from onnx.reference.ops import op_loop
+    from onnx.reference import op_run, ops  # (ops imports every op module: op_loop too)
 
     class Optional(op_run.OpRun):
         op_domain = ""
@@ -95,7 +94,7 @@ def _fixed_ops() -> list:
         def _run(self, x=None, type=None):  # (``type``: the ONNX attribute's name)
             return (x,)
 
-    class Loop(op_loop.Loop):
+    class Loop(ops.op_loop.Loop):
         op_domain = ""
 
         def _run(self, M, cond, *args, **kwargs):
