@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (imports register the converters)
     convert_sequence,
     convert_signal,
     convert_strings,
+    convert_tfidf,
     convert_training,
     convert_trees,
 )
