@@ -44,6 +44,7 @@ class DType(enum.Enum):
     uint4 = ("uint8", "uint8_t", 21)
     int4 = ("uint8", "uint8_t", 22)
     float4e2m1 = ("uint8", "uint8_t", 23)
+    float8e8m0 = ("uint8", "uint8_t", 24)  # an exponent only (2**(e-127), 0xFF NaN): cast only
     uint2 = ("uint8", "uint8_t", 25)
     int2 = ("uint8", "uint8_t", 26)
     # host values (no ONNX element type; rank 0, numpy holds them in a 0-d object array): an
@@ -132,7 +133,8 @@ def _narrow_dtypes() -> dict:
         return {}
     names = {"float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
              "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz",
-             "float4e2m1": "float4_e2m1fn", "int4": "int4", "uint4": "uint4", "int2": "int2",
+             "float4e2m1": "float4_e2m1fn", "float8e8m0": "float8_e8m0fnu", "int4": "int4",
+             "uint4": "uint4", "int2": "int2",
              "uint2": "uint2"}
     return {DType[k]: np.dtype(getattr(ml_dtypes, v)) for k, v in names.items()
             if hasattr(ml_dtypes, v)}

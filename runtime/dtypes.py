@@ -10,6 +10,7 @@ import numpy as np
 # manifest dtype name (numpy's, i.e. ml_dtypes') -> storage dtype
 RAW = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e4m3fnuz": "uint8",
        "float8_e5m2": "uint8", "float8_e5m2fnuz": "uint8", "float4_e2m1fn": "uint8",
+       "float8_e8m0fnu": "uint8",
        "int4": "uint8", "uint4": "uint8", "int2": "uint8", "uint2": "uint8"}
 
 

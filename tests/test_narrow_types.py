@@ -151,3 +151,33 @@ def test_gpu_targets_name_what_they_cannot_run_yet():
               [("x", TensorProto.FLOAT, [4, 8])], [("y", TensorProto.FLOAT8E4M3FN, [4, 8])])
     with pytest.raises(DeployError, match=r"(?s)no float8/float4/int4/int2.*'to_fp8'.*float8e4m3fn"):
         deploy.compile(m, target="h100", aot=False)
+
+
+# ---- float8e8m0 (an exponent only): casts through its bits ------------------------------------
+
+def test_e8m0_decodes_every_code():
+    m = model([helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT),
+               helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16)],
+              [("x", TensorProto.FLOAT8E8M0, [256])],
+              [("f", TensorProto.FLOAT, [256]), ("h", TensorProto.FLOAT16, [256])], opset=25)
+    codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    f, h = deploy.compile(m).load().run({"x": codes})
+    np.testing.assert_array_equal(f, codes.astype(np.float32))  # ml_dtypes: 2**(e-127), NaN
+    ref = ReferenceEvaluator(m).run(None, {"x": codes})[1]
+    np.testing.assert_array_equal(h, ref)
+
+
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+@pytest.mark.parametrize("saturate", [0, 1])
+@pytest.mark.parametrize("src", [TensorProto.FLOAT, TensorProto.FLOAT16])
+def test_e8m0_encodes_as_the_reference(round_mode, saturate, src):
+    m = model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E8M0,
+                                round_mode=round_mode, saturate=saturate)],
+              [("x", src, [64])], [("y", TensorProto.FLOAT8E8M0, [64])], opset=25)
+    dtype = np.float32 if src == TensorProto.FLOAT else np.float16
+    rng = np.random.default_rng()
+    x = (rng.standard_normal(64) * 2.0 ** rng.integers(-20, 20, 64)).astype(dtype)
+    x[:8] = [0, -0.0, np.inf, -np.inf, np.nan, np.finfo(dtype).max, np.finfo(dtype).tiny, 1.5]
+    ours = deploy.compile(m).load().run({"x": x})[0]
+    ref = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(ours.view(np.uint8), ref.view(np.uint8))

@@ -14,6 +14,7 @@ import numpy as np
 from ...graph_ir.graph import Value
 from ...graph_ir.ops import elementwise as ew
 from ...graph_ir.ops import movement as mv
+from ...graph_ir.ops.signal import BitCast
 from ...graph_ir.types import DType
 from .convert_strings import on_host
 from .registry import converter
@@ -254,6 +255,11 @@ def convert_castlike(cx, node, ins):
 
 
 def _cast(cx, node, x: Value, to: DType) -> Value:
+    if to is DType.float8e8m0 and x.dtype is not to:
+        return _to_e8m0(cx, node, x)
+    if x.dtype is DType.float8e8m0 and to is not x.dtype:
+        y = _from_e8m0(cx, x)
+        return y if to is DType.float32 else _cast(cx, node, y, to)
     if to in FLOAT8_MAX and int(cx.attr(node, "saturate", 1)) and x.dtype not in FLOAT8_MAX:
         x = saturate(cx, x, FLOAT8_MAX[to])
     return cx.b.op(ew.Cast, x, name=node.name, to=to)
@@ -266,3 +272,54 @@ def saturate(cx, x: Value, limit: float) -> Value:
     hi, lo = b.const(np.array(limit, np.float32)), b.const(np.array(-limit, np.float32))
     x = b.op(ew.Where, b.op(ew.Greater, x, hi), hi, x)
     return b.op(ew.Where, b.op(ew.Less, x, lo), lo, x)
+
+
+# ---- float8e8m0: an exponent only, converted through its bits -------------------------------
+
+def _u32(cx, value: int) -> Value:
+    return cx.b.const(np.array(value, np.uint32))
+
+
+def _from_e8m0(cx, x: Value) -> Value:
+    """float32 of e8m0 bits e: 2**(e-127) as float32 bits ``e << 23``, except e = 0 (2**-127,
+    a float32 subnormal: 0x400000) and e = 255 (NaN)."""
+    b = cx.b
+    e = b.op(ew.Cast, b.op(BitCast, x, to=DType.uint8), to=DType.uint32)
+    bits = b.op(ew.BitShift, e, _u32(cx, 23), direction="LEFT")
+    bits = b.op(ew.Where, b.op(ew.Equal, e, _u32(cx, 0)), _u32(cx, 0x400000), bits)
+    bits = b.op(ew.Where, b.op(ew.Equal, e, _u32(cx, 255)), _u32(cx, 0x7FC00000), bits)
+    return b.op(BitCast, bits, to=DType.float32)
+
+
+def _to_e8m0(cx, node, x: Value) -> Value:
+    """e8m0 of x: float32's exponent bits, rounded as ``round_mode`` says (up: any mantissa bit
+    adds one; nearest: guard and round/sticky/lsb, as ONNX's reference; down: truncate), kept
+    below 255 with ``saturate``; NaN and infinities give 255. The sign is dropped."""
+    b = cx.b
+    mode = cx.attr(node, "round_mode", "up")
+    if mode not in ("up", "down", "nearest"):
+        raise ValueError(f"Cast round_mode={mode!r}; expected up, down or nearest")
+    f = x if x.dtype is DType.float32 else b.op(ew.Cast, x, to=DType.float32)
+    bits = b.op(BitCast, f, to=DType.uint32)
+
+    def masked(mask: int) -> Value:  # (bits & mask) != 0
+        return b.op(ew.Greater, b.op(ew.BitwiseAnd, bits, _u32(cx, mask)), _u32(cx, 0))
+
+    exponent = b.op(ew.BitwiseAnd, b.op(ew.BitShift, bits, _u32(cx, 23), direction="RIGHT"),
+                    _u32(cx, 0xFF))
+    special = b.op(ew.Equal, exponent, _u32(cx, 0xFF))
+    up = None
+    if mode == "up":
+        up = masked(0x7FFFFF)
+    elif mode == "nearest":
+        lsb = b.op(ew.Greater, exponent, _u32(cx, 0))
+        up = b.op(ew.And, masked(0x400000),
+                  b.op(ew.Or, b.op(ew.Or, masked(0x200000), masked(0x1FFFFF)), lsb))
+    if up is not None:
+        up = b.op(ew.And, up, b.op(ew.Not, special))
+        if int(cx.attr(node, "saturate", 1)):
+            up = b.op(ew.And, up, b.op(ew.Not, b.op(ew.Equal, exponent, _u32(cx, 0xFE))))
+        exponent = b.op(ew.Add, exponent, b.op(ew.Cast, up, to=DType.uint32))
+    exponent = b.op(ew.Where, special, _u32(cx, 0xFF), exponent)
+    return b.op(BitCast, b.op(ew.Cast, exponent, to=DType.uint8), to=DType.float8e8m0,
+                name=node.name)
