@@ -7,6 +7,7 @@
     deploy inspect ARTIFACT [--json] [--html OUT.html [--profile PROFILE.json]]
     deploy targets [show NAME]
     deploy tune MODEL --target T [--budget 10m]
+    deploy keygen KEY.pem | sign ARTIFACT --key KEY.pem | verify ARTIFACT [--trusted-key K]
 
 Exit code 0 on success. A user error prints one paragraph on stderr and exits non-zero, without
 a traceback (``--debug`` or ``DEPLOY_DEBUG>=2`` shows it). ``run``, ``bench`` and ``inspect``
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, config
+from .cli_sign import add_commands as add_sign_commands
 from .errors import DeployError, InputError, UsageError
 from .progress import Progress, for_command
 from .runtime.shapes import dim_text, input_shapes
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", default=False, help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_compile, _add_run, _add_bench, _add_check, _add_inspect, _add_targets,
-                _add_tune):
+                _add_tune, add_sign_commands):
         add(sub, common)
     return p
 
@@ -103,6 +105,10 @@ def _add_compile(sub, common) -> None:
                    help="autotune kernels on this machine first (default: none, i.e. tuning "
                         "records if any, else the default schedules)")
     _tuning_args(c, budget_default=None)
+    c.add_argument("--max-memory", metavar="SIZE",
+                   help="refuse the model if its planned memory (weights, arena, outputs; "
+                        "symbolic dims at their range's upper end) exceeds SIZE, e.g. 2GB, "
+                        "512MB (binary units)")
     c.add_argument("--dump-dir", default=config.dump_dir(),
                    help="write every intermediate (graph per pass, C source) here "
                         "(default: $DEPLOY_DUMP_DIR)")
@@ -292,7 +298,7 @@ def cmd_tune(args) -> int:
 def _compile_and_report(args, tune: str, out: Path | None) -> None:
     from .compiler import compile as deploy_compile
     t0 = time.perf_counter()
-    precision = {k: v for k in ("dtype", "precision", "gpu_codegen")
+    precision = {k: v for k in ("dtype", "precision", "gpu_codegen", "max_memory")
                  if (v := getattr(args, k, None))}
     if getattr(args, "check_precision", None) is not None:
         precision["check_precision"] = args.check_precision

@@ -110,10 +110,12 @@ class Module:
                 f"{self.path}: compiled for target {tgt['name']}, which needs "
                 f"{', '.join(lacking)}; this CPU lacks {'it' if len(lacking) == 1 else 'them'}. "
                 "Compile for --target host (this CPU's features) or a target it supports")
-        digest = contents.manifest["members"][name][:16]  # the artifact's (variants share it)
+        # read_artifact checked these bytes against this digest; they go, named by the whole
+        # digest, into this process's private folder (mode 0700), and that file is loaded
+        digest = contents.manifest["members"][name]  # (variants of one artifact share it)
         path = _lib_dir() / f"{digest}.so"
         if not path.exists():
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_bytes(contents.members[name])
             tmp.replace(path)
         try:
@@ -414,10 +416,12 @@ class Workspace:
         self.sig = None  # the Signature the arena slots are laid out for (symbolic sizes)
 
 
-def load(path, device=None) -> Module:
+def load(path, device=None, trusted_keys=None) -> Module:
     """Load an artifact written by ``deploy compile`` (needs no compiler). GPU artifacts get the
-    GPU runtime (``device``: its driver, default CUDA)."""
-    contents = read_artifact(path)
+    GPU runtime (``device``: its driver, default CUDA). ``trusted_keys``: Ed25519 public keys
+    (PEM file paths, PEM bytes or key objects); the artifact must carry a valid signature by
+    one of them (``deploy sign``; needs the ``cryptography`` package)."""
+    contents = read_artifact(path, trusted_keys)
     if is_gpu_artifact(contents.manifest):
         if contents.manifest.get("symbols"):
             return SymbolicGpuModule(path, contents, device)

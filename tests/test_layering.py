@@ -36,7 +36,11 @@ RUNTIME_ALLOWED = ("numpy", "cuda", "deploy.runtime", "deploy.errors")
 EXCEPTIONS: set = set()
 # Imports the runtime makes lazily, only for artifacts that need them: the OnnxNode host op
 # (a node whose operand is known only at run time) evaluates with ONNX's reference evaluator.
-RUNTIME_LAZY = {("deploy.runtime.onnx_node", "onnx"), ("deploy.runtime.onnx_node", "onnx.reference")}
+# Artifact signatures (deploy.load(..., trusted_keys=...), deploy sign) use cryptography's Ed25519.
+RUNTIME_LAZY = {("deploy.runtime.onnx_node", "onnx"), ("deploy.runtime.onnx_node", "onnx.reference"),
+                ("deploy.runtime.signing", "cryptography.exceptions"),
+                ("deploy.runtime.signing", "cryptography.hazmat.primitives"),
+                ("deploy.runtime.signing", "cryptography.hazmat.primitives.asymmetric")}
 # graph_ir reaches into the runtime only for the numpy functions of host ops (written once)
 GRAPH_IR_RUNTIME_ALLOWED = ("deploy.runtime.host_ops",)
 
