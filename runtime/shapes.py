@@ -55,7 +55,7 @@ class ShapeProgram:
     def __init__(self, manifest: dict):
         self.symbols: list[str] = list(manifest.get("symbols", []))
         self.ranges = {k: tuple(v) for k, v in manifest.get("dims", {}).items()}
-        self.constraints = [(a, b, where, _names(a["sym"]) | _names(b["sym"]))
+        self.constraints = [(a, b, where, _names(_expr(a)) | _names(_expr(b)))
                             for a, b, where in manifest.get("constraints", [])]
         self.inputs = [(s["name"], s["shape"]) for s in manifest["inputs"]]
         self.runtime = runtime_symbols(manifest)
@@ -131,14 +131,19 @@ class ShapeProgram:
         for a, b, where, names in self.constraints:
             if (new is not None and not names & new) or not names <= env.keys():
                 continue
-            va, vb = evaluate(a["sym"], env), evaluate(b["sym"], env)
+            va, vb = evaluate(_expr(a), env), evaluate(_expr(b), env)
             if va != vb:
-                raise InputError(f"{a['text']} must equal {b['text']} ({where}): got {va} and "
-                                 f"{vb} with {_env_text(env)}")
+                raise InputError(f"{dim_text(a)} must equal {dim_text(b)} ({where}): got {va} "
+                                 f"and {vb} with {_env_text(env)}")
 
     def values(self, env: dict[str, int]) -> tuple[int, ...]:
         """The symbols' values in kernel order (0 for those a host op has not bound yet)."""
         return tuple(env.get(s, 0) for s in self.symbols)
+
+
+def _expr(dim):
+    """A manifest dim's prefix form (a plain int stays an int)."""
+    return dim["sym"] if is_symbolic(dim) else dim
 
 
 def _names(expr) -> set[str]:

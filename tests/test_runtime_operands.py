@@ -178,3 +178,15 @@ def test_loop_with_a_run_time_trip_count(rng):
                        [("last", F32, None), ("y", F32, None), ("z", F32, None)])
     _check(model, [{"M": np.array(m, I64), "x": rng.standard_normal((2, 3), dtype=F32),
                     "step": rng.standard_normal((2, 3), dtype=F32)} for m in (1, 4, 2)])
+
+
+def test_squeezing_a_run_time_size_checks_that_it_is_one(rng):
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="r"),
+             helper.make_node("Squeeze", ["r", "axis"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, [("x", F32, (2, 6)), ("shape", I64, (3,))], [("y", F32, None)],
+                       initializers={"axis": np.array([1], I64)})
+    x = rng.standard_normal((2, 6), dtype=F32)
+    mod = _check(model, [{"x": x, "shape": np.array(s, I64)} for s in ([2, 1, 6], [12, 1, 1])])
+    with pytest.raises(InputError, match="must equal 1"):
+        mod.run({"x": x, "shape": np.array([2, 2, 3], I64)})

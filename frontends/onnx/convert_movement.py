@@ -15,6 +15,7 @@ from ...graph_ir.ops import elementwise as ew
 from ...graph_ir.ops import movement as mv
 from ...graph_ir.ops.registry import broadcast_shapes
 from ...graph_ir.sym import Sym, SymbolicError, bounds, exact_div, free_symbols, smax, smin
+from ...graph_ir.sym import context as sym_context
 from ...graph_ir.symfold import is_symbolic_array, sym_array
 from ...graph_ir.types import DType
 from .registry import converter
@@ -104,9 +105,13 @@ def convert_squeeze(cx, node, ins):
     if axes is None:
         axes = [k for k, d in enumerate(x.shape) if d == 1]
     axes = {axis_of(a, rank) for a in axes}
-    bad = [a for a in axes if x.shape[a] != 1]
+    bad = [a for a in axes if x.shape[a] != 1 and not isinstance(x.shape[a], Sym)]
     if bad:
         raise ValueError(f"Squeeze: axes {bad} of shape {x.shape} are not 1")
+    shape_text = ", ".join(map(str, x.shape))
+    for a in sorted(axes):  # a symbolic size squeezed must be 1: checked at run time
+        if isinstance(x.shape[a], Sym):
+            sym_context().equal.append((x.shape[a], 1, f"Squeeze of axis {a} of [{shape_text}]"))
     return [reshape_to(cx, x, [d for k, d in enumerate(x.shape) if k not in axes], node.name)]
 
 
