@@ -6,7 +6,7 @@
     deploy check MODEL [--target T]
     deploy inspect ARTIFACT [--json] [--html OUT.html [--profile PROFILE.json]]
     deploy targets [show NAME]
-    deploy tune MODEL --target T [--budget 10m]
+    deploy tune MODEL --target T [--budget 10m] [--ray local|auto|ADDRESS [--workers N]]
     deploy keygen KEY.pem | sign ARTIFACT --key KEY.pem | verify ARTIFACT [--trusted-key K]
 
 Exit code 0 on success. A user error prints one paragraph on stderr and exits non-zero, without
@@ -194,8 +194,23 @@ def _add_tune(sub, common) -> None:
     _dim_arg(t)
     t.add_argument("-o", "--output", help="also write the tuned artifact here")
     _tuning_args(t, budget_default="10m")
+    _ray_args(t)
     _progress_args(t)
     t.set_defaults(func=cmd_tune)
+
+
+def _ray_args(p) -> None:
+    p.add_argument("--ray", metavar="local|auto|ADDRESS",
+                   help="tune on Ray workers: local (start Ray here), auto (the cluster `ray "
+                        "start --head` made) or a cluster address (docs/tuning.md)")
+    p.add_argument("--workers", type=int, dest="tune_workers", metavar="N",
+                   help="--ray: measuring workers (default: one per core on CPU targets, one "
+                        "per GPU on GPU targets)")
+    p.add_argument("--cores", type=int, dest="tune_cores", metavar="N",
+                   help="--ray, CPU targets: cores each worker pins itself to (default 1)")
+    p.add_argument("--reference-db", dest="tune_reference", metavar="FILE",
+                   help="--ray: a serial run's tuning database; the report counts the "
+                        "kernels whose choice agrees with it")
 
 
 def _tuning_args(p, budget_default: str | None) -> None:
@@ -298,7 +313,8 @@ def cmd_tune(args) -> int:
 def _compile_and_report(args, tune: str, out: Path | None) -> None:
     from .compiler import compile as deploy_compile
     t0 = time.perf_counter()
-    precision = {k: v for k in ("dtype", "precision", "gpu_codegen", "max_memory")
+    precision = {k: v for k in ("dtype", "precision", "gpu_codegen", "max_memory", "ray",
+                                "tune_workers", "tune_cores", "tune_reference")
                  if (v := getattr(args, k, None))}
     if getattr(args, "check_precision", None) is not None:
         precision["check_precision"] = args.check_precision

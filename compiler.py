@@ -18,6 +18,7 @@ import numpy as np
 
 from . import __version__, config
 from .backends.base import Backend, get_backend
+from .backends.distributed import tune_plan
 from .errors import (
     DeployError,
     NotImplementedYetError,
@@ -116,7 +117,8 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
     every size. ``dims={"seq": (1, 512), "batch": 8}`` declares a symbol's range or binds it
     (docs/shapes.md). Silent unless asked: ``progress`` (a ``deploy.progress.Progress``, or a
     function taking each ``Event``) receives the stages and kernel counts, ``log`` (a function
-    taking a line) the tuner's lines."""
+    taking a line) the tuner's lines. ``ray="local"|"auto"|ADDRESS`` tunes on a Ray cluster
+    (``tune_workers``, ``tune_cores``, ``tune_reference``: docs/tuning.md)."""
     variants = expand_shape_specs(shapes)
     if variants is not None:
         if load_target(target).kind != "cpu":
@@ -231,8 +233,8 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
     lap("lower", "tune" if tuning else "render+build")
     db = TuningDB(tuning_db or config.tuning_db_path())
     if tuning:
-        tuned = backend.tune(plan, tune, db, _budget_seconds(budget),
-                             log=progress.tuner_log(options.get("log")))
+        tuned = tune_plan(backend, plan, tune, db, _budget_seconds(budget),  # here or on Ray
+                          log=progress.tuner_log(options.get("log")))
         db.save()
         timings["tune_gain"] = round(tuned.gain(), 3)
         lap("tune", "render+build")

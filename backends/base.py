@@ -57,6 +57,10 @@ class Backend:
         with ``gain()``."""
         raise NotImplementedYetError(f"the {self.name} backend has no tuner")
 
+    def tuning_job(self, plan, level: str, db):
+        """The tuning as per-kernel searches that workers can run (backends/distributed/job.py:
+        ``deploy tune --ray``); None where this backend tunes on this machine only."""
+
     def build(self, plan, dump: Path | None, db) -> Built:
         raise NotImplementedError
 

@@ -24,7 +24,7 @@ from ..base import Backend, Built
 from .attention import supported as attention_supported
 from .render import CRenderer, kernel_symbols
 from .toolchain import build_shared_library
-from .tune import tune_kernels
+from .tune import c_job, tune_kernels
 
 ENTRY = "deploy_run"
 
@@ -41,6 +41,12 @@ class CBackend(Backend):
         return tune_kernels(plan.kernels, level, self.features(), tuple(tgt.cc_flags), budget_s,
                             db, log=log, constants=plan.constant_inputs(),
                             vector_bits=tgt.vector_bits)
+
+    def tuning_job(self, plan, level: str, db):
+        tgt = self.target
+        return c_job(plan.kernels, level, self.features(), tuple(tgt.cc_flags), db,
+                     plan.constant_inputs(), tgt.vector_bits,
+                     int(self.options.get("tune_cores") or 1))
 
     def build(self, plan, dump: Path | None, db) -> Built:
         members, kernels = _build(plan, self.target, dump, db, self.features(),

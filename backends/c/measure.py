@@ -44,22 +44,34 @@ def _harness(k: Kernel) -> str:
                           frees="\n".join(frees))
 
 
-def time_kernels(candidates: list[tuple[Kernel, list[StageSchedule]]], flags: tuple[str, ...],
-                 reps: int = 5) -> list[float]:
-    """Seconds per call of each (kernel, schedule) candidate; all built in one library."""
+def _renamed(candidates: list[tuple[Kernel, list[StageSchedule]]]) -> str:
+    """One C module: candidate ``i`` as ``cand{i}`` with its harness ``dp_bench_cand{i}``."""
     renderer = CRenderer()
     sources = []
-    renamed = []
     for idx, (k, sched) in enumerate(candidates):
         kk = Kernel(f"cand{idx}", k.inputs, k.outputs, k.temps, k.stages, k.note, k.aliases)
-        renamed.append(kk)
         sources.append(renderer.kernel(kk, sched) + _harness(kk))
+    return renderer.module(sources)
+
+
+def build_library(candidates: list[tuple[Kernel, list[StageSchedule]]],
+                  flags: tuple[str, ...]) -> bytes:
+    """The shared library timing every (kernel, schedule) candidate, as bytes (a compile
+    worker's result: it can travel to the worker that measures)."""
     with tempfile.TemporaryDirectory(prefix="deploy-tune-") as tmp:
-        lib_path = build_shared_library([renderer.module(sources)], Path(tmp) / "bench.so", flags)
-        lib = ctypes.CDLL(str(lib_path))
+        path = build_shared_library([_renamed(candidates)], Path(tmp) / "bench.so", flags)
+        return path.read_bytes()
+
+
+def time_library(library: bytes, count: int, reps: int = 5) -> list[float]:
+    """Seconds per call of each of the ``count`` candidates in a ``build_library`` result."""
+    with tempfile.TemporaryDirectory(prefix="deploy-tune-") as tmp:
+        path = Path(tmp) / "bench.so"
+        path.write_bytes(library)
+        lib = ctypes.CDLL(str(path))
         fns = []
-        for kk in renamed:
-            fn = getattr(lib, f"dp_bench_{kk.name}")
+        for idx in range(count):
+            fn = getattr(lib, f"dp_bench_cand{idx}")
             fn.restype = ctypes.c_double
             fn.argtypes = [ctypes.c_int]
             fns.append(fn)
@@ -71,3 +83,9 @@ def time_kernels(candidates: list[tuple[Kernel, list[StageSchedule]]], flags: tu
             for i, fn in enumerate(fns):
                 out[i] = min(out[i], fn(reps))
         return out
+
+
+def time_kernels(candidates: list[tuple[Kernel, list[StageSchedule]]], flags: tuple[str, ...],
+                 reps: int = 5) -> list[float]:
+    """Seconds per call of each (kernel, schedule) candidate; all built in one library."""
+    return time_library(build_library(candidates, flags), len(candidates), reps)

@@ -13,6 +13,10 @@ class TritonBackend(GpuBackend):
         return tune_gpu_kernels(plan.kernels, self.target, level, db, budget_s, self.allow_tf32,
                                 self.options.get("measure"), log=log)
 
+    def tuning_job(self, plan, level: str, db):
+        from ..distributed.gpu import launch_job  # deploy tune --ray: GPU workers measure
+        return launch_job(plan.kernels, self.target, level, db, self.allow_tf32)
+
     def codegen_chooser(self, plan, db, sizes):
         codegen = TritonCodegen(self.target, sizes, self.allow_tf32)
         return lambda k: codegen
