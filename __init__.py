@@ -16,6 +16,7 @@ from .errors import (
     DeployError,
     InputError,
     ModelError,
+    ResourceLimitError,
     TargetError,
     UnsupportedOpsError,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "InputError",
     "ModelError",
     "Module",
+    "ResourceLimitError",
     "TargetError",
     "UnsupportedOpsError",
     "__version__",

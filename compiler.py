@@ -34,6 +34,7 @@ from .graph_ir.passes import precision, run_pipeline
 from .graph_ir.printer import print_graph
 from .graph_ir.sym import Sym, dim_json, free_symbols
 from .graph_ir.verify import check_symbol_order
+from .limits import check_max_memory
 from .progress import as_progress
 from .runtime.artifact import array_bytes, write_artifact
 from .targets import Target, load_target
@@ -229,13 +230,16 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
     plan = _plan(graph)
     memory = _plan_memory(graph, plan)
     backend.prepare(plan)
+    check_max_memory(options.get("max_memory"), memory, plan, graph)  # before any build
     tuning = tune not in ("none", None)
     lap("lower", "tune" if tuning else "render+build")
     db = TuningDB(tuning_db or config.tuning_db_path())
     if tuning:
-        tuned = tune_plan(backend, plan, tune, db, _budget_seconds(budget),  # here or on Ray
-                          log=progress.tuner_log(options.get("log")))
-        db.save()
+        try:
+            tuned = tune_plan(backend, plan, tune, db, _budget_seconds(budget),  # here or on Ray
+                              log=progress.tuner_log(options.get("log")))
+        finally:  # interrupted too (Ctrl-C): the records measured so far, written atomically
+            db.save()
         timings["tune_gain"] = round(tuned.gain(), 3)
         lap("tune", "render+build")
     built = backend.build(plan, dump, db)

@@ -8,10 +8,17 @@ DEPLOY_DISABLE_PASSES  comma-separated pass names to skip (e.g. "fuse" for the o
                     compiler, to compare against).
 DEPLOY_TUNING_DB    the tuning database used when --tuning-db is not given
                     (default ~/.cache/deploy/tuning.jsonl).
+
+Also the helpers every cache file is written with: ``atomic_write`` and ``file_lock``.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def debug_level() -> int:
@@ -25,6 +32,12 @@ def dump_dir() -> str | None:
     return os.environ.get("DEPLOY_DUMP_DIR") or None
 
 
+def cache_dir() -> Path:
+    """The root of deploy's caches: $DEPLOY_CACHE_DIR, else ~/.cache/deploy."""
+    return Path(os.environ.get("DEPLOY_CACHE_DIR") or
+                os.path.join(os.path.expanduser("~"), ".cache", "deploy"))
+
+
 def tuning_db_path() -> str:
     return os.environ.get("DEPLOY_TUNING_DB") or os.path.join(
         os.path.expanduser("~"), ".cache", "deploy", "tuning.jsonl")
@@ -32,3 +45,45 @@ def tuning_db_path() -> str:
 
 def disabled_passes() -> set[str]:
     return {p.strip() for p in os.environ.get("DEPLOY_DISABLE_PASSES", "").split(",") if p.strip()}
+
+
+# ---- cache files shared between processes ------------------------------------------------------
+# Every cache file (the tuning database, compiled-module caches) is replaced whole, never
+# written in place: a reader sees the old file or the new one, and an interrupted writer
+# (Ctrl-C, a crash) leaves the old one. Writers that merge (read, combine, write) hold the
+# file's lock for the whole read-modify-write so that concurrent ones do not lose each other's
+# records. docs/reliability.md.
+
+def atomic_write(path: str | os.PathLike, data: bytes, durable: bool = True) -> Path:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``
+    (``durable``: fsync first, so a power loss cannot leave an empty file either)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # Ctrl-C included: no temporary file left behind
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (``fcntl.flock`` on the sidecar ``path.lock``, made
+    if missing) for the block; waits while another process or thread holds it. The lock goes
+    with the process, so a killed writer never leaves a stale one."""
+    lock = Path(f"{path}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)

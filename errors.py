@@ -40,6 +40,10 @@ class ArtifactError(DeployError):
     """An artifact file is missing, corrupt, or from an incompatible format version."""
 
 
+class ResourceLimitError(DeployError):
+    """A model needs more than a limit allows (``--max-memory``): refused at compile time."""
+
+
 class UsageError(DeployError):
     """A command-line argument is malformed (e.g. ``--shape x=1x3y``)."""
 

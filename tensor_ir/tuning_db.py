@@ -4,12 +4,19 @@ A record is keyed by a kernel's structural hash (what the generated code depends
 target's *features* (backend, arch, vector width, ISA: never a machine name), and holds the tuned
 parameters per stage. The file is JSON lines; ``FORMAT_VERSION`` invalidates old records. Records
 whose key or features do not match are ignored, never misapplied.
+
+Several processes may tune into one file at once: ``save`` takes the file's lock, merges what
+is on disk (the faster record per key wins; lines of other format versions are kept) and
+replaces the file whole (``config.atomic_write``), so no writer loses another's records and an
+interrupted one (Ctrl-C) leaves the previous file. Readers need no lock.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ..config import atomic_write, file_lock
 
 FORMAT_VERSION = 1
 
@@ -36,24 +43,42 @@ def feature_key(features: dict) -> str:
     return json.dumps(features, sort_keys=True)
 
 
+def _well_formed(rec: TuningRecord) -> bool:
+    return (isinstance(rec.kernel_hash, str) and isinstance(rec.features, dict)
+            and isinstance(rec.params, dict)
+            and all(isinstance(v, dict) and str(k).isdigit() for k, v in rec.params.items())
+            and all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                    for t in (rec.seconds, rec.baseline_seconds)))
+
+
 class TuningDB:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else None
         self.records: dict[tuple[str, str], TuningRecord] = {}
-        if self.path and self.path.exists():
-            self._load()
+        self.foreign: set[str] = set()  # lines of other format versions, written back as read
+        if self.path:
+            self._load(self.path)
 
-    def _load(self) -> None:
-        for line in self.path.read_text().splitlines():
+    def _load(self, path: Path) -> None:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return
+        for line in text.splitlines():
             if not line.strip():
                 continue
             try:
                 data = json.loads(line)
-                rec = TuningRecord(**data)
-            except (json.JSONDecodeError, TypeError):
-                continue  # a damaged or foreign line is skipped, never misread
-            if rec.format_version == FORMAT_VERSION:
+                version = data.get("format_version") if isinstance(data, dict) else None
+                rec = TuningRecord(**data) if version == FORMAT_VERSION else None
+                if rec is not None and not _well_formed(rec):
+                    continue
+            except (ValueError, TypeError, AttributeError, RecursionError):
+                continue  # a damaged line is skipped, never misread
+            if rec is not None:
                 self.add(rec)
+            elif isinstance(version, int):
+                self.foreign.add(line)
 
     def add(self, rec: TuningRecord) -> None:
         old = self.records.get(rec.key())
@@ -65,10 +90,14 @@ class TuningDB:
         return None if rec is None else {int(k): v for k, v in rec.params.items()}
 
     def save(self, path: str | Path | None = None) -> Path:
+        """Merge with the records on disk (other processes may have saved meanwhile) and
+        replace the file, under its lock."""
         path = Path(path or self.path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps(asdict(r), sort_keys=True) for r in self.records.values()]
-        path.write_text("\n".join(lines) + ("\n" if lines else ""))
+        with file_lock(path):
+            self._load(path)
+            lines = sorted(json.dumps(asdict(r), sort_keys=True) for r in self.records.values())
+            lines += sorted(self.foreign)
+            atomic_write(path, "".join(line + "\n" for line in lines).encode())
         return path
 
     def __len__(self) -> int:
