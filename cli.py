@@ -209,8 +209,8 @@ def _ray_args(p) -> None:
     p.add_argument("--cores", type=int, dest="tune_cores", metavar="N",
                    help="--ray, CPU targets: cores each worker pins itself to (default 1)")
     p.add_argument("--reference-db", dest="tune_reference", metavar="FILE",
-                   help="--ray: a serial run's tuning database; the report counts the "
-                        "kernels whose choice agrees with it")
+                   help="another run's tuning database (a serial run's): the report counts "
+                        "the kernels whose choice agrees with it")
 
 
 def _tuning_args(p, budget_default: str | None) -> None:

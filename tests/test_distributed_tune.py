@@ -128,6 +128,16 @@ def test_records_follow_the_tie_rule_and_agreement_counts_it(tmp_path, monkeypat
     assert counts["same"] == 0 and counts["noise"] + counts["differ"] == 4
 
 
+def test_a_serial_run_compared_with_another_reports_agreement(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune_mod, "time_kernels", _fake_times)
+    first = tmp_path / "first.jsonl"
+    deploy.compile(_mlp(), tune="quick", tuning_db=str(first))
+    lines = []
+    deploy.compile(_mlp(), tune="quick", tuning_db=str(tmp_path / "second.jsonl"),
+                   tune_reference=str(first), log=lines.append)
+    assert "reproducibility: 4 of 4 kernels chose the reference's config" in "\n".join(lines)
+
+
 def test_report_lines_give_wall_time_utilisation_and_gain():
     r = TuneReport(kernels=3, measured=12, baseline_seconds=3e-3, tuned_seconds=2e-3, wall_s=10,
                    startup_s=5, workers=2, nodes=1, busy_s=15, restarts=1,

@@ -150,7 +150,8 @@ def run_serial(job: TuningJob, db: TuningDB, budget_s: float, log=print,
                report: TuneReport | None = None) -> TuneReport:
     """Run every search in this process, one batch at a time, until the budget is spent."""
     report = report or TuneReport(skipped=job.skipped)
-    deadline = time.time() + budget_s
+    start = time.time()
+    deadline = start + budget_s
     total = len(job.searches)
     for n, search in enumerate(job.searches, 1):
         tuning_step(log, n - 1, total, report.gain(), deadline, budget_s)
@@ -166,6 +167,7 @@ def run_serial(job: TuningJob, db: TuningDB, budget_s: float, log=print,
         finish(search, db, report, log, n, total)
     else:
         tuning_step(log, total, total, report.gain(), deadline, budget_s)
+    report.wall_s = time.time() - start
     return report
 
 
@@ -194,7 +196,8 @@ def agreement(searches: list, reference: TuningDB) -> dict[str, int]:
 def describe(report: TuneReport, where: str) -> list[str]:
     """The final report's lines: wall time, utilisation, faults, gain, reproducibility."""
     lines = [f"tune ({where}): {report.kernels} kernels tuned, {report.measured} candidates "
-             f"measured, {report.wall_s:.1f} s wall (+{report.startup_s:.1f} s starting workers)"
+             f"measured, {report.wall_s:.1f} s wall"
+             + (f" (+{report.startup_s:.1f} s starting workers)" if report.workers else "")
              + (f"; {report.skipped} kernels already had records" if report.skipped else "")
              + ("; budget spent" if report.stopped_by_budget else "")]
     if report.workers:
