@@ -216,7 +216,10 @@ class Module:
             if len(self._sigs) > SIGNATURES:
                 self._sigs.popitem(last=False)
         else:
-            self._sigs.move_to_end(key)
+            try:
+                self._sigs.move_to_end(key)
+            except KeyError:  # another thread's run dropped it meanwhile: ours stays valid
+                pass
         return sig
 
     def _run_entry(self, ws: Workspace, arrays: list[np.ndarray], sig=None) -> list[np.ndarray]:

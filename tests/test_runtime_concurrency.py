@@ -2,6 +2,7 @@
 concurrent run) and concurrent ``run`` calls give the single-threaded results."""
 from __future__ import annotations
 
+import sys
 import threading
 
 import deploy
@@ -134,3 +135,41 @@ def test_close_and_the_with_statement(tmp_path):
     with pytest.raises(DeployError, match="this module was closed; cannot run it"):
         mod.run({"x": x})
     mod.close()  # again: nothing
+
+
+def test_eight_threads_at_many_sizes_match_serial_runs(tmp_path):
+    """A symbolic artifact from 8 threads, each at its own batch sizes (80 distinct in all,
+    more than the module keeps evaluated at once): bit-identical to serial runs."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Tanh", ["h"], ["t"]),
+             helper.make_node("ReduceSum", ["t", "axes"], ["y"], keepdims=0)]
+    inits = {"w": rand(16, 24), "axes": np.array([1], np.int64)}
+    model = make_model(nodes, [("x", np.float32, ["batch", 16])], [("y", np.float32, ["batch"])],
+                       initializers=inits)
+    mod = deploy.load(deploy.compile(model).save(tmp_path / "s.dpk"))
+    assert mod._program is not None  # symbolic sizes: evaluated per distinct batch
+    sizes = [[k * 10 + i + 1 for i in range(10)] for k in range(8)]
+    xs = {b: rand(b, 16) for row in sizes for b in row}
+    refs = {b: mod.run({"x": x})[0] for b, x in xs.items()}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(sizes))
+
+    def worker(k: int) -> None:
+        try:
+            start.wait()
+            for _ in range(20):
+                for b in sizes[k]:
+                    np.testing.assert_array_equal(mod.run({"x": xs[b]})[0], refs[b])
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(sizes))]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes, nearly
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]
