@@ -198,7 +198,7 @@ def test_gpu_job_makes_the_serial_gpu_tuners_records(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def ray_two_cpus():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
 

@@ -32,6 +32,7 @@ from .job import TuneReport, TuningJob, agreement, describe, finish
 DEPTH = 2  # tasks queued per worker
 RESTARTS = 3  # a worker's restarts (Ray's max_restarts) and its task's retries
 STATUS_EVERY = 10.0  # seconds between status lines in the log
+START_S = 300.0  # the workers' start (imports, a GPU context) before the driver gives up
 _LOCKS: list[int] = []  # a worker's claimed core slot stays locked while it lives
 
 
@@ -48,8 +49,8 @@ def connect(address: str):
         return ray, False
     try:
         if address == "local":
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
-                     logging_level="WARNING")
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                     logging_level="WARNING")  # a new instance, even beside `ray start`'s
         else:
             ray.init(address=address, logging_level="WARNING")
     except ConnectionError as e:
@@ -131,6 +132,7 @@ class RayDriver:
         self.flights: dict = {}
         self.total, self.done = len(job.searches), 0
         self.n_workers = workers or self._default_workers()
+        self._check_fits()
         self.compile_slots = 0 if job.compile_on_worker else self._compile_slots()
 
     # ---- sizing and starting ----------------------------------------------------------------
@@ -145,6 +147,16 @@ class RayDriver:
             return n
         return max(1, int(res.get("CPU", 1)) // max(1, self.job.pin_cores))
 
+    def _check_fits(self) -> None:
+        """Workers that the cluster cannot hold would wait for resources forever."""
+        res = self.ray.cluster_resources()
+        for key, have in (("num_cpus", res.get("CPU", 0)), ("num_gpus", res.get("GPU", 0))):
+            need = self.n_workers * self.job.worker_options.get(key, 0)
+            if need > have:
+                raise UsageError(f"--workers {self.n_workers}: they need {need:g} "
+                                 f"{key[4:].upper()}, the Ray cluster has {have:g}; use fewer "
+                                 "workers (or --cores) or a larger cluster")
+
     def _compile_slots(self) -> int:
         cpus = int(self.ray.cluster_resources().get("CPU", 1))
         return max(1, cpus - self.n_workers * int(self.job.worker_options.get("num_cpus", 0)))
@@ -157,7 +169,11 @@ class RayDriver:
         compile = job.compile if job.compile_on_worker else None
         self.workers = [remote.remote(compile, job.measurer, job.pin_cores, tag)
                         for _ in range(self.n_workers)]
-        hellos = self.ray.get([w.hello.remote() for w in self.workers])
+        try:
+            hellos = self.ray.get([w.hello.remote() for w in self.workers], timeout=START_S)
+        except self.ray.exceptions.GetTimeoutError:
+            raise DeployError(f"tuning on Ray: the workers did not start in {START_S:.0f} s "
+                              "(`ray status` shows what the cluster has)") from None
         self.pids = [h["pid"] for h in hellos]
         self.alive = [True] * self.n_workers
         self.load = [0] * self.n_workers
