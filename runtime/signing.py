@@ -122,6 +122,8 @@ def verify_signatures(path, manifest_bytes: bytes, signatures: bytes | None,
     """The fingerprint of a trusted key whose signature over the manifest verifies; else an
     ArtifactError saying whether the artifact is unsigned, signed by untrusted keys only, or
     carries a trusted key's signature that does not match (changed after signing)."""
+    if isinstance(trusted_keys, (str, bytes, os.PathLike)):  # one key, not a list of them
+        trusted_keys = [trusted_keys]
     keys = {}
     for k in trusted_keys:
         pub = load_public_key(k)

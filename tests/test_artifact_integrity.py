@@ -456,6 +456,7 @@ def test_a_signed_artifact_loads_with_its_key_and_not_with_another(good, keys, t
     assert n == 2
     deploy.load(path, trusted_keys=[keys / "b.pub.pem"])
     deploy.load(path, trusted_keys=[(keys / "a.pub.pem").read_bytes()])
+    deploy.load(path, trusted_keys=str(keys / "a.pub.pem"))  # one key, not in a list
 
 
 def test_an_unsigned_artifact_is_refused_with_trusted_keys(good, keys):
