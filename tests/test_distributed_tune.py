@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import re
 import signal
 
@@ -178,9 +179,9 @@ def test_gpu_job_makes_the_serial_gpu_tuners_records(tmp_path, monkeypatch):
         seen["job"] = job
         assert job.device == "gpu" and not job.compile_on_worker
         assert job.worker_options["num_gpus"] == 1
-        fake = FakeMeasure()
-        job = dataclasses.replace(job, compile=lambda batch: {},
-                                  measurer=lambda: lambda batch, built: fake(list(batch.cands)))
+        fake = FakeMeasure()  # times what crossed a process boundary (pickled, as Ray does)
+        job = dataclasses.replace(job, compile=lambda batch: pickle.loads(pickle.dumps(batch)),
+                                  measurer=lambda: lambda batch, built: fake(list(built.cands)))
         return run_serial(job, db, budget_s, log)
 
     monkeypatch.setattr(ray_driver, "run_on_ray", here)
