@@ -4,6 +4,7 @@ Runtime; deviceless AOT compiles produce cubin/PTX (sm_80, sm_90) and hsaco (gfx
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -308,3 +309,25 @@ def test_operand_masks_only_where_tiles_run_past_the_problem(tmp_path, m, k):
     src = deploy.compile(model, target="h100", aot=False).members["gpu/kernels.py"].decode()
     loop = src.split("for k0 in range")[1].split("tl.dot")[0]
     assert ("mask=" in loop) == (m == 100)
+
+
+def test_symbolic_rows_address_without_division():
+    """A GEMM over rows (batch, seq) of contiguous operands addresses them through the flat row
+    index (``m * 64``), not ``(m // seq) * (seq * 64) + (m % seq) * 64``: one run-time
+    division per element cost the GPT-2 LM head 1.6x on the H100."""
+    w = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                       [("x", np.float32, ["batch", "seq", 64])],
+                       [("y", np.float32, ["batch", "seq", 48])], {"w": w})
+    src = deploy.compile(model, target="h100", aot=False).members["gpu/kernels.py"].decode()
+    gemms = [f for f in src.split("@triton.jit") if "tl.dot" in f]
+    assert gemms
+    for f in gemms:
+        divided = {ln.split("=")[0].strip() for ln in f.splitlines()
+                   if "=" in ln and ("//" in ln or "%" in ln) and "sz_seq" in ln}
+        for line in f.splitlines():
+            if "tl.load(" in line or "tl.store(" in line:
+                address = line.split("(", 1)[1].split(", mask")[0]
+                names = set(re.findall(r"[A-Za-z_]\w*", address))
+                assert "//" not in address and "%" not in address, line
+                assert not names & divided, line

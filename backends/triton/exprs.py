@@ -146,6 +146,8 @@ class Emitter:
         self.keep_half = False  # tl.dot operands: half-precision loads stay half
         self.block_vars: set[Var] = set()  # variables bound to blocks (the rest are scalars)
         self.resident: dict[tuple, str] = {}  # point_key -> a value an earlier stage computed
+        # variable -> (its value's name, the flat index, the decomposition's (var, extent) list)
+        self.decomposed: dict[Var, tuple[str, str, tuple]] = {}
         self._n = 0
 
     # ---- statements and scopes ------------------------------------------------------------
@@ -198,15 +200,45 @@ class Emitter:
 
     # ---- indices ------------------------------------------------------------------------------
     def flat(self, buf: str, index, guard: str | None) -> str:
-        """Row-major element offset of ``buf[index]``."""
+        """Row-major element offset of ``buf[index]``. Trailing variables of one decomposed
+        flat index that address consecutive dims of the same extents recombine into that flat
+        index (``(m // s) * (s * 768) + (m % s) * 768`` is ``m * 768``): no division by a
+        run-time size per element."""
         ref = self.param(buf)
+        pairs = [(dim, ix) for dim, ix in zip(ref.shape, index) if dim != 1]
         terms, stride = [], 1
-        for dim, ix in reversed(list(zip(ref.shape, index))):
-            if dim != 1:
-                s = self.expr(ix, guard)
-                terms.append(s if stride == 1 else f"{s} * {S(stride)}")
-            stride *= dim
+        while pairs:
+            run, value = self._merged(pairs)
+            if run < 2:
+                value = self.expr(pairs[-1][1], guard)
+                run = 1
+            terms.append(value if stride == 1 else f"({value}) * {S(stride)}")
+            for dim, _ in pairs[-run:]:
+                stride *= dim
+            del pairs[-run:]
         return " + ".join(reversed(terms)) or "0"
+
+    def _merged(self, pairs: list) -> tuple[int, str]:
+        """(how many trailing ``pairs`` recombine, the offset they make) — see ``flat``."""
+        ix = pairs[-1][1]
+        info = self.decomposed.get(ix) if isinstance(ix, Var) else None
+        if info is None or self.env.get(ix) != info[0]:
+            return 0, ""
+        _, flat, parts = info
+        if parts[-1][0] != ix:
+            return 0, ""  # not the innermost variable of its decomposition
+        run = 0
+        while (run < len(pairs) and run < len(parts)
+               and pairs[-1 - run][1] == parts[-1 - run][0]
+               and pairs[-1 - run][0] == parts[-1 - run][1]
+               and self.env.get(parts[-1 - run][0]) == self.decomposed[parts[-1 - run][0]][0]):
+            run += 1
+        if run == len(parts):
+            return run, flat
+        size = 1
+        for _, e in parts[-run:]:
+            size *= e
+        return run, f"({flat} % {S(size)})"
 
     def decompose(self, flat: str, vars_, extents, block: bool = True) -> None:
         """Bind ``vars_`` (row-major over ``extents``) from one flat index (a block of indices,
@@ -217,12 +249,14 @@ class Emitter:
             strides.append(stride)
             stride *= e
         strides.reverse()
+        parts = tuple((v, e) for v, e in zip(vars_, extents) if e != 1)
         for k, (v, e, s) in enumerate(zip(vars_, extents, strides)):
             if e == 1:
                 self.env[v] = "0"
                 continue
             q = flat if s == 1 else f"({flat} // {S(s)})"
             self.env[v] = self.let(q if k == 0 else f"{q} % {S(e)}", "i")
+            self.decomposed[v] = (self.env[v], flat, parts)
             if block:
                 self.block_vars.add(v)
 
