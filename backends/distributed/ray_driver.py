@@ -1,7 +1,7 @@
 """The tuning driver on Ray: searches spread over measuring workers, records merged here.
 
 Workers (Ray actors, ``Worker``) measure; on CPU targets each pins itself to its own cores
-(``tune_cores``, a slot claimed with a lock file on its node) and compiles its own batches
+(``tune_cores``, claimed with a lock file per core on its node) and compiles its own batches
 there, so compiling on one worker overlaps measuring on the others and no core does two
 things. On GPU targets each worker holds one GPU (``num_gpus=1``) and a pool of CPU tasks
 compiles the batches ahead of it (a compiled backlog of ``DEPTH`` per worker).
@@ -19,7 +19,6 @@ import fcntl
 import os
 import tempfile
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,6 @@ DEPTH = 2  # tasks queued per worker
 RESTARTS = 3  # a worker's restarts (Ray's max_restarts) and its task's retries
 STATUS_EVERY = 10.0  # seconds between status lines in the log
 START_S = 300.0  # the workers' start (imports, a GPU context) before the driver gives up
-_LOCKS: list[int] = []  # a worker's claimed core slot stays locked while it lives
 
 
 def connect(address: str):
@@ -59,35 +57,45 @@ def connect(address: str):
     return ray, True
 
 
-def claim_cores(count: int, tag: str) -> list[int] | None:
-    """Pin this process to ``count`` cores no other worker of run ``tag`` on this node holds
-    (the first free slot; its lock is released when the process dies, so a restarted worker
-    takes a free slot). OpenMP in the measured kernels uses that many threads; compilers
-    started from here inherit the cores. None (unpinned) when every slot is taken."""
+CORES_DIR = "deploy-tune-cores"  # in the node's temporary folder: one lock file per core
+
+
+def claim_cores(count: int) -> tuple[list[int] | None, list[int]]:
+    """Pin this process to ``count`` cores that no other tuning worker on this node holds (of
+    this run or another; a lock file per core, held while the returned descriptors are open,
+    so a restarted worker finds its cores free). OpenMP in the measured kernels uses that many
+    threads; compilers started from here inherit the cores. (None, []) when none are free."""
     cores = sorted(os.sched_getaffinity(0))
-    folder = Path(tempfile.gettempdir()) / f"deploy-tune-{tag}"
+    folder = Path(tempfile.gettempdir()) / CORES_DIR
     folder.mkdir(exist_ok=True)
     for slot in range(len(cores) // count):
-        fd = os.open(folder / f"slot{slot}", os.O_CREAT | os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue
-        _LOCKS.append(fd)
         mine = cores[slot * count:(slot + 1) * count]
-        os.sched_setaffinity(0, mine)
-        os.environ["OMP_NUM_THREADS"] = str(count)  # read when libgomp loads (first library)
-        return mine
-    return None
+        held = [fd for c in mine if (fd := _lock(folder / f"core{c}")) is not None]
+        if len(held) == count:
+            os.sched_setaffinity(0, mine)
+            os.environ["OMP_NUM_THREADS"] = str(count)  # read when libgomp loads
+            return mine, held
+        for fd in held:
+            os.close(fd)  # closing drops the lock
+    return None, []
+
+
+def _lock(path: Path) -> int | None:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 class Worker:
     """A measuring worker (a Ray actor): the job's measurer, made once; CPU jobs compile each
     batch here before timing it. Returns (times, busy seconds, pid) per batch."""
 
-    def __init__(self, compile, measurer, pin_cores: int, tag: str):
-        self.cores = claim_cores(pin_cores, tag) if pin_cores else None
+    def __init__(self, compile, measurer, pin_cores: int):
+        self.cores, self.locks = claim_cores(pin_cores) if pin_cores else (None, [])
         self.compile = compile  # None: the batches come compiled (GPU jobs)
         self.measure = measurer()
 
@@ -164,10 +172,9 @@ class RayDriver:
     def _start_workers(self) -> None:
         remote = self.ray.remote(Worker).options(
             max_restarts=RESTARTS, max_task_retries=RESTARTS, **self.job.worker_options)
-        tag = uuid.uuid4().hex[:12]
         job = self.job
         compile = job.compile if job.compile_on_worker else None
-        self.workers = [remote.remote(compile, job.measurer, job.pin_cores, tag)
+        self.workers = [remote.remote(compile, job.measurer, job.pin_cores)
                         for _ in range(self.n_workers)]
         try:
             hellos = self.ray.get([w.hello.remote() for w in self.workers], timeout=START_S)
