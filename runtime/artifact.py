@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, ResourceLimitError
 from .dtypes import RAW, storage_dtype
 
 FORMAT_VERSION = 2  # what write_artifact writes
@@ -48,8 +48,15 @@ ALIGN = 64  # bytes: a cache line, one AVX-512 vector
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
-    """``nbytes`` uninitialized bytes starting on an ALIGN boundary (numpy guarantees 16)."""
-    raw = np.empty(nbytes + ALIGN, np.uint8)
+    """``nbytes`` uninitialized bytes starting on an ALIGN boundary (numpy guarantees 16).
+    A size this process cannot allocate is a ResourceLimitError, not a MemoryError."""
+    try:
+        raw = np.empty(nbytes + ALIGN, np.uint8)
+    except (MemoryError, ValueError) as e:  # (ValueError: more than numpy can address)
+        raise ResourceLimitError(
+            f"out of memory: a run needs a buffer of {nbytes} bytes ({nbytes / (1 << 30):.1f} "
+            f"GiB), which this process cannot allocate ({type(e).__name__}); compile with "
+            "--max-memory to refuse such a model at compile time, or use smaller inputs") from None
     start = -raw.ctypes.data % ALIGN
     return raw[start:start + nbytes]
 

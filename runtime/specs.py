@@ -32,6 +32,9 @@ class TensorSpec:
 
 def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
     """Match ``given`` (dict by name, or list in order) to ``specs``; return contiguous arrays."""
+    if not isinstance(given, (dict, list, tuple)):
+        raise InputError(f"inputs must be a dict of input name -> array, or a list of arrays in "
+                         f"input order {[s.name for s in specs]}; got {type(given).__name__}")
     if isinstance(given, dict):
         unknown = [k for k in given if k not in {s.name for s in specs}]
         missing = [s.name for s in specs if s.name not in given]
@@ -49,7 +52,7 @@ def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
         if is_holder(spec) and not _held(arr):
             out.append(hold(arr))  # a sequence (list of arrays) or optional (None or a value)
             continue
-        arr = np.asarray(arr)
+        arr = _as_array(spec, arr)
         if spec.dtype == "object" and arr.dtype.kind in "US":  # strings: held as objects
             arr = arr.astype(object)
         if not accepts(spec.dtype, arr.dtype):
@@ -68,6 +71,14 @@ def validate_inputs(specs: list[TensorSpec], given) -> list[np.ndarray]:
         arr = np.ascontiguousarray(arr).reshape(arr.shape)  # 0-d stays 0-d
         out.append(arr.view(storage_dtype(spec.dtype)))
     return out
+
+
+def _as_array(spec: TensorSpec, value) -> np.ndarray:
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as e:  # a ragged list, say
+        raise InputError(f"input '{spec.name}': a {type(value).__name__} that is not an array "
+                         f"({' '.join(str(e).split())[:200]}); expected {spec}") from None
 
 
 def is_holder(spec: TensorSpec) -> bool:

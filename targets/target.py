@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,14 +122,36 @@ def load_target(spec: str | os.PathLike | Target = "host") -> Target:
     return parse_target(path)
 
 
+MAX_FILE_BYTES = 64 << 10  # target descriptions are a few hundred bytes (YAML parses at ~50 KB/s)
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML without aliases (``*name``: an alias bomb expands to billions of values)
+    and without a key given twice (which one counts would be a guess)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in "
+                                              "target files", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):
+                continue  # (the schema check names it)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {_short(key)} is given "
+                                                        "twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def parse_target(path: Path) -> Target:
     """Read and validate one YAML file; every problem is reported at once."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as e:
-        raise TargetError(f"{path}: not valid YAML{_yaml_where(e)}") from None
-    except OSError as e:
-        raise TargetError(f"{path}: cannot read target file ({e.strerror})") from None
+    data = _read_yaml(Path(path))
     if not isinstance(data, dict):
         raise TargetError(f"{path}: expected a mapping of keys to values at the top level, "
                           f"got {type(data).__name__}")
@@ -146,6 +169,37 @@ def parse_target(path: Path) -> Target:
     if data.get("arch") == "native" and data.get("kind") == "cpu":
         data["vector_bits"] = min(data.get("vector_bits", 128), native_vector_bits())
     return Target(**data, source=str(path))
+
+
+def _read_yaml(path: Path):
+    """The file's YAML data: at most MAX_FILE_BYTES of UTF-8 text, safe YAML without aliases
+    or repeated keys."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise TargetError(f"{path}: cannot read target file ({e.strerror})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise TargetError(f"{path}: more than {MAX_FILE_BYTES >> 10} KB; a target description is "
+                          "a few hundred bytes of YAML (see targets/host.yaml)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TargetError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
+                          f"{e.start}); save the target file as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_Loader)  # (a SafeLoader)
+    except yaml.YAMLError as e:
+        raise TargetError(f"{path}: not valid YAML{_yaml_where(e)}") from None
+    except RecursionError:
+        raise TargetError(f"{path}: not valid YAML (nested too deeply)") from None
+
+
+def _short(value, limit: int = 60, quote: bool = True) -> str:
+    """``repr(value)`` (``str`` without ``quote``) cut to ``limit`` characters (a message never
+    quotes a whole file)."""
+    text = reprlib.repr(value) if quote else str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def native_vector_bits() -> int:
@@ -175,8 +229,11 @@ def _check_types(data: dict) -> list[str]:
         elif not isinstance(data[key], types) or isinstance(data[key], bool):
             want = " or ".join(t.__name__ for t in types)
             problems.append(f"key '{key}' must be {want} ({desc}), got "
-                            f"{type(data[key]).__name__} {data[key]!r}")
-    problems += [f"unknown key '{k}'; accepted keys: {', '.join(SCHEMA)}" for k in data
+                            f"{type(data[key]).__name__} {_short(data[key])}")
+        elif types == (list,) and not all(isinstance(x, str) for x in data[key]):
+            problems.append(f"key '{key}' must be a list of strings ({desc}), got "
+                            f"{_short(data[key])}")
+    problems += [f"unknown key {_short(k)}; accepted keys: {', '.join(SCHEMA)}" for k in data
                  if k not in SCHEMA]
     return problems
 
@@ -184,40 +241,36 @@ def _check_types(data: dict) -> list[str]:
 def _check_values(data: dict) -> list[str]:
     kind, problems = data["kind"], []
     if kind not in KINDS:
-        return [f"key 'kind' must be one of {sorted(KINDS)}, got {kind!r}"]
+        return [f"key 'kind' must be one of {sorted(KINDS)}, got {_short(kind)}"]
     if data["backend"] not in BACKENDS[kind]:
         problems.append(f"key 'backend' must be one of {sorted(BACKENDS[kind])} for a {kind} "
-                        f"target, got {data['backend']!r}")
+                        f"target, got {_short(data['backend'])}")
     listed = data.get("backends", [data["backend"]])
-    problems += [f"key 'backends': {b!r} is not a {kind} backend (one of "
+    problems += [f"key 'backends': {_short(b)} is not a {kind} backend (one of "
                  f"{sorted(BACKENDS[kind])})" for b in listed if b not in BACKENDS[kind]]
     if data["backend"] not in listed:
         problems.append(f"key 'backends' must include the default backend {data['backend']!r}, "
-                        f"got {listed!r}")
+                        f"got {_short(listed)}")
     if data.get("preferred_layout", "NCHW") not in LAYOUTS:
         problems.append(f"key 'preferred_layout' must be one of {sorted(LAYOUTS)}, "
-                        f"got {data['preferred_layout']!r}")
+                        f"got {_short(data['preferred_layout'])}")
     problems += _check_numbers(data)
-    problems += _check_gpu(data) if kind == "gpu" else _check_cpu(data)
+    if data.get("vector_bits", 128) not in VECTOR_BITS:  # (a tuning-record key, GPUs too)
+        problems.append(f"key 'vector_bits' must be one of {sorted(VECTOR_BITS)}, got "
+                        f"{data['vector_bits']}")
+    problems += _check_gpu(data) if kind == "gpu" else []
     for k, v in data.get("peak_tflops", {}).items():
         if k not in PEAK_DTYPES:
-            problems.append(f"key 'peak_tflops.{k}': unknown dtype; accepted: "
+            problems.append(f"key 'peak_tflops.{_short(k, quote=False)}': unknown dtype; accepted: "
                             f"{', '.join(PEAK_DTYPES)}")
         elif not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-            problems.append(f"key 'peak_tflops.{k}' must be a positive number, got {v!r}")
+            problems.append(f"key 'peak_tflops.{_short(k, quote=False)}' must be a positive number, got {_short(v)}")
     return problems
 
 
 def _check_numbers(data: dict) -> list[str]:
     return [f"key '{k}' must be >= 0, got {v}" for k, v in data.items()
-            if SCHEMA[k][0][0] in (int, float) and not isinstance(v, bool) and v < 0]
-
-
-def _check_cpu(data: dict) -> list[str]:
-    bits = data.get("vector_bits", 128)
-    if bits not in VECTOR_BITS:
-        return [f"key 'vector_bits' must be one of {sorted(VECTOR_BITS)}, got {bits}"]
-    return []
+            if SCHEMA[k][0][0] in (int, float) and not isinstance(v, bool) and not v >= 0]
 
 
 def _check_gpu(data: dict) -> list[str]:
@@ -229,5 +282,5 @@ def _check_gpu(data: dict) -> list[str]:
     pattern = GPU_ARCH.get(data["vendor"])
     if pattern and not pattern.match(data["arch"]):
         problems.append(f"key 'arch' for vendor {data['vendor']} must look like "
-                        f"{pattern.pattern!r} (e.g. sm_90, gfx942), got {data['arch']!r}")
+                        f"{pattern.pattern!r} (e.g. sm_90, gfx942), got {_short(data['arch'])}")
     return problems

@@ -19,6 +19,7 @@ from ...graph_ir.types import DType, TensorType
 from .expand import expand_functions, lacks
 from .host_fallback import empty_optional, host_node, pack_sequence
 from .registry import CONVERTERS, DEFAULT_DOMAINS, NeedsConstant, OnnxCtx, op_key
+from .validate import validate_model
 
 
 def load_model(model, expand: bool = True) -> tuple[onnx.ModelProto, str | None]:
@@ -112,6 +113,7 @@ def import_onnx(model, shapes: dict[str, tuple] | None = None,
     missing = unsupported_nodes(proto)
     if missing:
         raise UnsupportedOpsError(missing, source)
+    validate_model(proto, source)  # what ONNX Runtime checks at load (validate.py)
     if host_fallback is None:  # a caller passing constant_inputs specializes on NeedsConstant
         host_fallback = constant_inputs is None
     cx = OnnxCtx(Builder(proto.graph.name or "model"), opset_of(proto), model_dir=model_dir,

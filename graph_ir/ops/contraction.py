@@ -11,6 +11,7 @@ import itertools
 
 import numpy as np
 
+from ..sym import context
 from .registry import REQUIRED, Kind, broadcast_shapes, define, same_dtype
 
 
@@ -20,8 +21,12 @@ def _matmul_shape(ins, attrs):
         raise ValueError("MatMul: operands must have rank >= 1")
     a2 = (1,) + tuple(a) if len(a) == 1 else tuple(a)
     b2 = tuple(b) + (1,) if len(b) == 1 else tuple(b)
-    if a2[-1] != b2[-2] and isinstance(a2[-1], int) and isinstance(b2[-2], int):
-        raise ValueError(f"MatMul: inner dims differ: {a} @ {b}")
+    if a2[-1] != b2[-2]:
+        if isinstance(a2[-1], int) and isinstance(b2[-2], int):
+            raise ValueError(f"MatMul: inner dims differ: {a} @ {b}")
+        # a symbolic inner dim: equal at run time (a constraint the runtime checks)
+        where = f"MatMul of [{', '.join(map(str, a))}] @ [{', '.join(map(str, b))}]"
+        context().equal.append((a2[-1], b2[-2], where))
     batch = broadcast_shapes(a2[:-2], b2[:-2])
     out = batch + (a2[-2], b2[-1])
     if len(a) == 1:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from .pool import run_fuzz
-from .worker import FAMILIES
+from .worker import ALL
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", type=int, default=500, help="cases in all (default 500)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--family", action="append", choices=FAMILIES,
+    p.add_argument("--family", action="append", choices=ALL,
                    help="only these families (repeatable; default all)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case (a hang)")
     p.add_argument("--memory-gb", type=float, default=4.0, help="address space per worker")

@@ -87,6 +87,7 @@ def text_case(rng, text: str) -> tuple[str, bytes, bool]:
     """(label, file bytes, must be refused) for the text-level cases."""
     kind = _pick(rng, ["alias-bomb", "alias-bomb-value", "non-utf8", "latin1", "10mb-comment",
                        "10mb-value", "10mb-keys", "deep-nesting", "python-tag", "two-documents",
+                       "nesting-under-limit", "long-list-under-limit",
                        "not-a-mapping", "empty", "duplicate-key", "byte-flips", "nul", "tabs"])
     data, refuse = text.encode(), True
     if kind == "alias-bomb":
@@ -107,11 +108,16 @@ def text_case(rng, text: str) -> tuple[str, bytes, bool]:
     elif kind == "10mb-value":
         data = text.encode() + b"description2: " + b"y" * (10 << 20) + b"\n"
     elif kind == "10mb-keys":
-        data = text.encode() + b"".join(b"k%d: 1\n" % i for i in range(10 << 20 // 8))
+        data = text.encode() + b"".join(b"k%d: 1\n" % i for i in range((10 << 20) // 8))
     elif kind == "deep-nesting":
         data = text.encode() + b"isa: " + b"[" * 100_000 + b"]" * 100_000 + b"\n"
+    elif kind == "nesting-under-limit":  # what fits in the size limit
+        data = text.encode() + b"isa: " + b"[" * 30_000 + b"]" * 30_000 + b"\n"
+    elif kind == "long-list-under-limit":
+        data = text.encode() + b"isa: [" + b"avx2, " * 10_000 + b"fma]\n"
+        refuse = "isa:" in text  # (a key given twice) else a valid, long list
     elif kind == "python-tag":
-        data = text.encode() + b"cores: !!python/object/apply:os.system ['echo pwned']\n"
+        data = text.encode() + b"zz: !!python/object/apply:os.system ['echo pwned']\n"
     elif kind == "two-documents":
         data = text.encode() + b"---\n" + text.encode()
     elif kind == "not-a-mapping":

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .judge import FAILURES, OUTCOMES
 from .seeds import prepare
-from .worker import FAMILIES
+from .worker import ALL, FAMILIES
 
 STARTUP_TIMEOUT = 180.0  # seconds for a worker to import deploy and say it is ready
 
@@ -65,7 +65,7 @@ class Report:
         for r in self.records:
             seconds[r.family] += r.seconds
         counts = self.counts()
-        for fam in [f for f in FAMILIES if f in counts]:
+        for fam in [f for f in ALL if f in counts]:
             c = counts[fam]
             total.update(c)
             rows.append((fam, sum(c.values()), *(c[o] for o in OUTCOMES),
@@ -267,6 +267,6 @@ def run_fuzz(cases: int, seed: int = 0, jobs: int = 2, families: list[str] | Non
             print(f"fuzz folder kept: {folder}", file=sys.stderr)
         else:
             shutil.rmtree(folder, ignore_errors=True)
-    report.records.sort(key=lambda r: (FAMILIES.index(r.family), r.index))
+    report.records.sort(key=lambda r: (ALL.index(r.family), r.index))
     report.wall = time.monotonic() - start
     return report

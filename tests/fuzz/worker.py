@@ -35,6 +35,27 @@ def families() -> dict:
 
 
 FAMILIES = ("onnx-bytes", "onnx-structure", "target-yaml", "artifacts", "runtime-inputs")
+ALL = (*FAMILIES, "selftest")
+
+
+def selftest(index: int) -> tuple[str, Result]:
+    """The harness's own check (family ``selftest``, never in a default run): case 0 dies of
+    SIGSEGV, case 1 hangs, case 2 raises a raw exception, others end in a DeployError."""
+    import ctypes
+
+    from deploy.errors import InputError
+
+    from .judge import judge
+    if index == 0:
+        ctypes.string_at(0)  # a segfault
+    elif index == 1:
+        time.sleep(3600)
+    elif index == 2:
+        return "raise", judge(lambda: {}["missing"])
+
+    def refuse():
+        raise InputError("a one-line message")
+    return "error", judge(refuse)
 
 
 def case_rng(seed: int, family: str, index: int) -> np.random.Generator:
@@ -48,7 +69,10 @@ def run_case(family: str, seed: int, index: int, seeds: Seeds) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"case-{index}-"))
     label = "?"
     try:
-        label, result = families()[family](case_rng(seed, family, index), seeds, tmp)
+        if family == "selftest":
+            label, result = selftest(index)
+        else:
+            label, result = families()[family](case_rng(seed, family, index), seeds, tmp)
     except (Exception, RecursionError) as e:  # noqa: BLE001  (escaped the case's own judge)
         result = crashed(e)
         result.detail = "(outside the case's checks) " + result.detail

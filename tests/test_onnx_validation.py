@@ -1,0 +1,152 @@
+"""Malformed ONNX models are refused at import with a ModelError naming the node and value
+(frontends/onnx/validate.py), as ONNX Runtime refuses them at load; each case here was found
+by the fuzz harness (tests/fuzz) compiling, crashing on or silently accepting such a model."""
+from __future__ import annotations
+
+import deploy
+import numpy as np
+import onnx
+import pytest
+from deploy.errors import InputError, ModelError
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.util import make_model
+
+F32 = np.float32
+W = np.arange(20, dtype=F32).reshape(4, 5) / 10
+
+
+def mlp() -> onnx.ModelProto:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="matmul"),
+             helper.make_node("Softmax", ["m"], ["y"], axis=-1, name="softmax")]
+    return make_model(nodes, [("x", F32, [2, 4])], [("y", F32, [2, 5])], initializers={"w": W})
+
+
+def refused(model, expect: str) -> str:
+    with pytest.raises(ModelError) as e:
+        deploy.compile(model)
+    text = str(e.value)
+    assert expect in text, text
+    assert "\n" not in text.strip() and len(text) < 2000
+    return text
+
+
+def test_a_cycle_or_unsorted_graph_names_both_nodes():
+    m = mlp()
+    m.graph.node[0].input[0] = "y"
+    refused(m, "node 'matmul' (MatMul) reads 'y', which node 'softmax' (Softmax) computes "
+               "later: the graph has a cycle or its nodes are not in topological order")
+    m = mlp()
+    m.graph.node[1].input[0] = "y"
+    refused(m, "node 'softmax' (Softmax) reads 'y', which node 'softmax' (Softmax) computes "
+               "itself")
+
+
+def test_a_dangling_input_or_missing_initializer():
+    m = mlp()
+    del m.graph.initializer[:]
+    refused(m, "node 'matmul' (MatMul) reads 'w', which no graph input, initializer or earlier "
+               "node defines")
+    m = mlp()
+    m.graph.output[0].name = "ghost"
+    refused(m, "output 'ghost' is not computed by any node")
+
+
+def test_a_value_defined_twice():
+    m = mlp()
+    m.graph.node[1].output[0] = "m"
+    refused(m, "node 'softmax' (Softmax) defines 'm', which node 'matmul' (MatMul) defines "
+               "already")
+    m = mlp()
+    m.graph.input.append(m.graph.input[0])
+    refused(m, "graph input 'x' defines 'x', which graph input 'x' defines already")
+    m = mlp()
+    m.graph.initializer.append(numpy_helper.from_array(W + 1, "w"))
+    refused(m, "initializer 'w' defines 'w', which initializer 'w' defines already")
+
+
+def test_a_graph_without_outputs():
+    m = mlp()
+    m.graph.ClearField("output")
+    refused(m, "the graph has no outputs")
+
+
+@pytest.mark.parametrize("attr, expect", [
+    (helper.make_attribute("axis", "x"), "attribute 'axis' is STRING; Softmax takes INT"),
+    (helper.make_attribute("no_such", 3), ("unknown attribute 'no_such' (the op's attributes: "
+                                          "axis)"))])
+def test_attributes_are_checked_against_the_schema(attr, expect):
+    m = mlp()
+    m.graph.node[1].ClearField("attribute")
+    m.graph.node[1].attribute.append(attr)
+    refused(m, f"node 'softmax' (Softmax): {expect}")
+
+
+def test_attribute_values_and_shapes_go_through_onnx_inference():
+    m = mlp()
+    m.graph.node[1].attribute[0].i = -536870913  # a flipped bit
+    refused(m, "'axis' must be in [-2 , 1]")
+    m = mlp()
+    m.graph.output[0].type.tensor_type.elem_type = TensorProto.INT64
+    refused(m, "Inferred elem type differs")
+
+
+def test_inputs_of_one_type_parameter_must_agree():
+    m = mlp()
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.DOUBLE
+    refused(m, "node 'matmul' (MatMul): inputs 'x' (DOUBLE) and 'w' (FLOAT) must have one "
+               "element type (type parameter T)")
+
+
+@pytest.mark.parametrize("edit, expect", [
+    ("short", "declares FLOAT[4, 5] (20 elements, 80 bytes) but holds 76 bytes"),
+    ("typed-short", "declares FLOAT[4, 5] (20 elements, 20 entries) but holds 19 entries"),
+    ("both", "holds data in both raw_data and float_data"),
+    ("huge", "declares FLOAT[1048576, 1048576]"),
+    ("negative", "has a negative dim [-4, 5]")])
+def test_initializer_data_must_match_its_dims(edit, expect):
+    m = mlp()
+    t = m.graph.initializer[0]
+    if edit == "short":
+        t.raw_data = t.raw_data[:-4]
+    elif edit == "typed-short":
+        t.ClearField("raw_data")
+        t.float_data.extend(W.reshape(-1)[:-1].tolist())
+    elif edit == "both":
+        t.float_data.extend([1.0])
+    elif edit == "huge":
+        t.ClearField("dims")
+        t.dims.extend([1 << 20, 1 << 20])
+    else:
+        t.dims[0] = -4
+    refused(m, f"initializer 'w' {expect}")
+
+
+@pytest.mark.parametrize("edit, expect", [
+    ("opset", "opset 999; deploy reads opsets 1 to"), ("ir", "IR version 999"),
+    ("none", "imports no opset of the ONNX domain"), ("twice", "imports domain '' twice"),
+    ("huge", "opset 1099511627776 of domain ''")])
+def test_versions_must_be_known(edit, expect):
+    m = mlp()
+    if edit == "opset":
+        m.opset_import[0].version = 999
+    elif edit == "ir":
+        m.ir_version = 999
+    elif edit == "none":
+        del m.opset_import[:]
+    elif edit == "twice":
+        m.opset_import.append(helper.make_opsetid("", 13))
+    else:
+        m.opset_import[0].version = 1 << 40
+    refused(m, expect)
+
+
+def test_a_symbolic_matmul_inner_dim_is_checked_at_run_time():
+    """MatMul(s, s) of [batch, 6] needs batch == 6: a constraint, not garbage at batch 2."""
+    nodes = [helper.make_node("MatMul", ["x", "x"], ["y"])]
+    model = make_model(nodes, [("x", F32, ["batch", 6])], [("y", F32, ["batch", 6])])
+    mod = deploy.compile(model).load()
+    with pytest.raises(InputError, match=r"6 must equal batch \(MatMul of \[batch, 6\] @ "):
+        mod.run({"x": np.ones((2, 6), F32)})
+    x = np.random.default_rng(0).standard_normal((6, 6)).astype(F32)
+    np.testing.assert_allclose(mod.run({"x": x})[0], x @ x, rtol=1e-5, atol=1e-5)
