@@ -1,11 +1,14 @@
-"""ONNX converters: sequence ops, resolved at import time (no runtime sequence values).
+"""ONNX converters: sequence ops, resolved at import time where the sequence's structure is
+known then.
 
 A sequence is a ``Seq``: a Python list of graph-IR Values held in the converter env, like the
 Optional ops keep an empty optional as None. Every sequence op then only rearranges that list;
 the tensors inside stay ordinary graph values. Positions (SequenceAt, SequenceInsert,
 SequenceErase) and SplitToSequence's ``split`` must be known at compile time (``NeedsConstant``
-otherwise, which the ONNX backend turns into specialization). Sequences may flow through
-If/Loop/SequenceMap bodies, but not in or out of the model's graph.
+otherwise, which the ONNX backend turns into specialization, and an ahead-of-time compile into
+an ``OnnxNode`` host op over the sequence packed into a run-time one). Sequences that exist only
+at run time (model inputs, host ops' outputs: ``DType.sequence`` values) never reach these
+converters: the importer runs every op reading one on the host (``importer.convert_graph``).
 """
 from __future__ import annotations
 
