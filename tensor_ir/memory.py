@@ -91,7 +91,9 @@ def plan_memory(steps: list[dict], nbytes: dict[int, int | None], outside: set[i
     for v, r in root.items():  # views and in-place outputs share their source's offset
         if r in offsets and v not in outside:
             offsets[v] = offsets[r]
-    total = sum(nbytes[v] for v in start if v not in outside and nbytes.get(v))
+    # (a value whose view escapes is an output's storage, not an intermediate: it may be
+    # symbolic in a plan whose arena is static)
+    total = sum(nbytes[v] for v in start if v not in outside and v not in escaped and nbytes.get(v))
     total += sum(nbytes[v] for v in inplace if nbytes.get(v))
     return MemoryPlan(offsets, arena, total, dict(inplace))
 

@@ -150,3 +150,40 @@ def test_a_symbolic_matmul_inner_dim_is_checked_at_run_time():
         mod.run({"x": np.ones((2, 6), F32)})
     x = np.random.default_rng(0).standard_normal((6, 6)).astype(F32)
     np.testing.assert_allclose(mod.run({"x": x})[0], x @ x, rtol=1e-5, atol=1e-5)
+
+
+def test_names_that_are_not_utf8_are_refused():
+    """protobuf hands a string field that is not UTF-8 over as bytes (a flipped byte in a name
+    once crashed the importer and passes with TypeErrors)."""
+    m = mlp()
+    data = m.SerializeToString().replace(b"softmax", b"softm\xffx")
+    refused(onnx.load_from_string(data), "node name b'softm\\xffx' is not UTF-8 text")
+
+
+def test_a_negative_input_dim_is_refused():
+    m = mlp()
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -3
+    refused(m, "'x' declares a negative dim [-3, 4]")
+
+
+def test_flags_are_zero_or_one():
+    """keepdims=-3 crashed the lowering; keepdims=2 kept the dim where ONNX Runtime drops it."""
+    nodes = [helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=2, name="max")]
+    m = make_model(nodes, [("x", F32, [2, 3])], [("y", F32, None)])
+    refused(m, "node 'max' (ReduceMax): attribute 'keepdims' is 2; it is a flag, 0 or 1")
+
+
+def test_an_input_of_the_wrong_kind_is_refused():
+    """Gather's indices are integers: float ones were truncated (deploy runs some ops on more
+    types of a kind than ONNX lists, never on another kind)."""
+    nodes = [helper.make_node("Gather", ["t", "i"], ["y"], name="gather")]
+    m = make_model(nodes, [("i", F32, [3])], [("y", F32, None)], initializers={"t": W})
+    refused(m, "node 'gather' (Gather): input 'i' is FLOAT; Gather takes integer types there "
+               "(type parameter Tind)")
+
+
+def test_conv_kernel_shape_must_match_the_weights():
+    w = np.ones((2, 3, 3, 3), F32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 1], name="conv")]
+    m = make_model(nodes, [("x", F32, [1, 3, 5, 5])], [("y", F32, None)], initializers={"w": w})
+    refused(m, "kernel_shape [3, 1] does not match the weight's spatial dims [3, 3]")

@@ -107,9 +107,18 @@ def resolve_pads(cx, node, in_sp, kernel, strides, dilations) -> tuple[int, ...]
     return _ints(cx.attr(node, "pads"), (0,) * (2 * n))
 
 
+def _check_kernel(kernel, w) -> None:
+    """kernel_shape, where given, is the weight's spatial dims (ONNX Runtime refuses others)."""
+    if len(kernel) != len(w.shape[2:]) or any(
+            isinstance(d, int) and k != d for k, d in zip(kernel, w.shape[2:])):
+        raise ValueError(f"kernel_shape {list(kernel)} does not match the weight's spatial dims "
+                         f"{list(w.shape[2:])}")
+
+
 def _conv_attrs(cx, node, x, w) -> dict:
     nsp = len(x.shape) - 2
     kernel = _ints(cx.attr(node, "kernel_shape"), w.shape[2:])
+    _check_kernel(kernel, w)
     strides = _ints(cx.attr(node, "strides"), (1,) * nsp)
     dil = _ints(cx.attr(node, "dilations"), (1,) * nsp)
     pads = resolve_pads(cx, node, x.shape[2:], kernel, strides, dil)
@@ -142,6 +151,7 @@ def convert_conv_transpose(cx, node, ins):
     x, w, b = (list(ins) + [None])[:3]
     nsp = len(x.shape) - 2
     kernel = _ints(cx.attr(node, "kernel_shape"), w.shape[2:])
+    _check_kernel(kernel, w)
     s = _ints(cx.attr(node, "strides"), (1,) * nsp)
     d = _ints(cx.attr(node, "dilations"), (1,) * nsp)
     out_pad = _ints(cx.attr(node, "output_padding"), (0,) * nsp)[:nsp]

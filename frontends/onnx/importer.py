@@ -19,13 +19,14 @@ from ...graph_ir.types import DType, TensorType
 from .expand import expand_functions, lacks
 from .host_fallback import empty_optional, host_node, pack_sequence
 from .registry import CONVERTERS, DEFAULT_DOMAINS, NeedsConstant, OnnxCtx, op_key
-from .validate import validate_model
+from .validate import check_structure, validate_model
 
 
 def load_model(model, expand: bool = True) -> tuple[onnx.ModelProto, str | None]:
     """Load a path or ModelProto; weights in side files are resolved next to the model, and
     functions are expanded (``expand.py``) unless ``expand`` is False."""
     if isinstance(model, onnx.ModelProto):
+        check_structure(model)  # (validate.py: before anything else reads it)
         return (expand_functions(model) if expand else model), None
     path = os.fspath(model)
     if not os.path.exists(path):
@@ -34,6 +35,7 @@ def load_model(model, expand: bool = True) -> tuple[onnx.ModelProto, str | None]
         proto = onnx.load(path, load_external_data=True)
     except Exception as e:  # noqa: BLE001  (onnx raises many types for corrupt files)
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    check_structure(proto, path)
     return (expand_functions(proto) if expand else proto), os.path.dirname(os.path.abspath(path))
 
 

@@ -2,10 +2,12 @@
 when it loads one, so that a malformed model is refused with a ``ModelError`` naming the node
 and the value instead of failing deep inside a converter, or compiling into something else.
 
+0. ``check_text``: every name is UTF-8 text.
 1. ``check_graph``: every value is defined once (graph inputs, initializers, node outputs) and
    before it is read (a read of a later node's output is a cycle or an unsorted graph; a read
    of nothing is a missing initializer or a dangling input); the graph has outputs and each
-   is defined; subgraphs likewise, with the names of the graphs around them in scope.
+   is defined; subgraphs likewise, with the names of the graphs around them in scope; no
+   negative dim in the model's inputs and outputs.
 2. ``check_initializers``: each initializer's data holds exactly the elements its dims declare,
    in one data field, and no dim is negative.
 3. ``check_opsets``: an IR version and opsets the installed onnx knows, each domain imported
@@ -15,7 +17,8 @@ and the value instead of failing deep inside a converter, or compiling into some
 4. ONNX's shape inference in strict mode (attribute values in range, shapes that fit the op,
    declared types and shapes that agree with the inferred ones), as ONNX Runtime runs it when
    it loads a model, and ``check_type_parameters``: the inputs a schema binds to one type
-   parameter have one element type. Models of 2 GB or more (protobuf's limit for one
+   parameter have one element type, and one of the kind ONNX gives it where that is integers,
+   bools or strings (indices, shapes, masks, text). Models of 2 GB or more (protobuf's limit for one
    message) skip this step.
 """
 from __future__ import annotations
@@ -43,12 +46,40 @@ PACKED = {getattr(TensorProto, n): k for n, k in (("INT4", 2), ("UINT4", 2), ("F
           if hasattr(TensorProto, n)}
 
 
-def validate_model(proto: onnx.ModelProto, source: str = "model") -> None:
-    """Refuse a malformed model with a ModelError (see the module's docstring)."""
+def check_structure(proto: onnx.ModelProto, source: str = "model") -> None:
+    """Steps 1-3 (names, versions, graph, initializers, node schemas): before functions are
+    expanded or anything else reads the model."""
+    check_text(proto, source)
     opsets = check_opsets(proto, source)
-    check_graph(proto.graph, source)
+    check_graph(proto.graph, source, top=True)
     check_initializers(proto.graph, source)
     check_nodes(proto.graph, opsets, source)
+
+
+# integer attributes that are flags: ONNX Runtime and ONNX's reference read some as "== 1"
+# and others as "!= 0", so another value has no one meaning
+FLAGS = {"keepdims", "transA", "transB", "ceil_mode", "count_include_pad", "exclusive",
+         "reverse", "select_last_index", "noop_with_empty_axes", "sorted", "largest",
+         "center_point_box", "allowzero", "fmod", "upper", "saturate", "training_mode",
+         "is_causal", "interleaved", "detect_negative", "detect_positive", "new_axis"}
+# element type -> kind. Where ONNX types an input as integers, bools or strings only (indices,
+# shapes, masks, text), it must be of that kind; where floats are allowed, deploy runs some ops
+# on more types than ONNX lists (float64 Celu, bfloat16 arithmetic, integer Sum)
+KINDS = {"float": "float", "double": "float", "bfloat16": "float", "int": "integer",
+         "uint": "integer", "bool": "bool", "string": "string", "complex": "complex"}
+
+
+def _kind(type_name: str) -> str | None:
+    """'float16' -> 'float', 'uint8' -> 'integer', 'tensor(int64)' -> 'integer'."""
+    name = type_name.removeprefix("tensor(").removesuffix(")").lower()
+    return next((k for p, k in sorted(KINDS.items(), key=lambda x: -len(x[0]))
+                 if name.startswith(p)), None)
+
+
+def validate_model(proto: onnx.ModelProto, source: str = "model") -> None:
+    """Step 4 (types and shapes), on a model ``check_structure`` passed whose ops deploy
+    converts (so that an unsupported op is reported as one, with the others)."""
+    opsets = _opsets(proto)
     check_type_parameters(proto.graph, opsets, source)  # (the types the model declares)
     if proto.ByteSize() > PROTOBUF_LIMIT:
         return
@@ -57,6 +88,53 @@ def validate_model(proto: onnx.ModelProto, source: str = "model") -> None:
     except shape_inference.InferenceError as e:
         raise ModelError(f"{source}: not a valid ONNX model: {_one_paragraph(str(e))}") from None
     check_type_parameters(inferred.graph, opsets, source)  # (and those inference tells)
+
+
+def _opsets(proto: onnx.ModelProto) -> dict[str, int]:
+    return {"" if imp.domain == "ai.onnx" else imp.domain: imp.version
+            for imp in proto.opset_import}
+
+
+def check_text(proto: onnx.ModelProto, source: str) -> None:
+    """Every name is text: protobuf hands a string field that is not UTF-8 over as bytes."""
+    def check(value, what: str) -> None:
+        if not isinstance(value, str):
+            raise ModelError(f"{source}: {what} {_cut(repr(value))} is not UTF-8 text")
+
+    for imp in proto.opset_import:
+        check(imp.domain, "the opset domain")
+    for f in proto.functions:
+        check(f.name, "function name")
+        check(f.domain, "function domain")
+    _check_graph_text(proto.graph, check)
+
+
+def _check_graph_text(g: onnx.GraphProto, check) -> None:
+    for vi in [*g.input, *g.output, *g.value_info]:
+        check(vi.name, "value name")
+        if vi.type.HasField("tensor_type"):
+            for d in vi.type.tensor_type.shape.dim:
+                check(d.dim_param, f"a dim of '{vi.name}'")
+    for t in g.initializer:
+        check(t.name, "initializer name")
+        for e in t.external_data:
+            check(e.key, f"initializer '{t.name}''s external data key")
+            check(e.value, f"initializer '{t.name}''s external data")
+    for node in g.node:
+        for value, what in ((node.name, "node name"), (node.op_type, "op type"),
+                            (node.domain, "node domain")):
+            check(value, what)
+        for name in [*node.input, *node.output]:
+            check(name, f"a value name of node '{node.name}'")
+        for a in node.attribute:
+            check(a.name, f"an attribute name of node '{node.name}'")
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                        list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+                _check_graph_text(sub, check)
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def check_opsets(proto: onnx.ModelProto, source: str) -> dict[str, int]:
@@ -118,6 +196,8 @@ def _check_node(node: onnx.NodeProto, schema, label: str) -> None:
         if a.type != want:
             raise ModelError(f"{label}: attribute '{a.name}' is "
                              f"{_attr_type(a.type)}; {node.op_type} takes {_attr_type(want)}")
+        if a.name in FLAGS and a.type == onnx.AttributeProto.INT and a.i not in (0, 1):
+            raise ModelError(f"{label}: attribute '{a.name}' is {a.i}; it is a flag, 0 or 1")
         given[a.name] = a
     missing = [n for n, a in schema.attributes.items() if a.required and n not in given]
     if missing:
@@ -176,7 +256,9 @@ def check_type_parameters(g: onnx.GraphProto, opsets: dict[str, int], source: st
             schema = onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
         except onnx.defs.SchemaError:
             continue
-        params = {c.type_param_str for c in schema.type_constraints}
+        params = {c.type_param_str: {_kind(t) for t in c.allowed_type_strs
+                                     if t.startswith("tensor(")} - {None}
+                  for c in schema.type_constraints}
         formal = list(schema.inputs)
         bound: dict[str, tuple[str, int]] = {}
         for i, name in enumerate(node.input):
@@ -184,6 +266,13 @@ def check_type_parameters(g: onnx.GraphProto, opsets: dict[str, int], source: st
             if not name or p is None or name not in types or p.type_str not in params or (
                     i >= len(formal) - 1 and p.option == variadic and not p.is_homogeneous):
                 continue
+            kinds = params[p.type_str]
+            kind = _kind(_type_name(types[name]))
+            if kinds and "float" not in kinds and kind not in kinds:  # (indices, masks, text)
+                raise ModelError(
+                    f"{source}: node '{node.name or f'#{k}'}' ({node.op_type}): input '{name}' is "
+                    f"{_type_name(types[name])}; {node.op_type} takes {' or '.join(sorted(kinds))} "
+                    f"types there (type parameter {p.type_str})")
             first = bound.setdefault(p.type_str, (name, types[name]))
             if first[1] != types[name]:
                 raise ModelError(
@@ -199,9 +288,15 @@ def _one_paragraph(text: str, limit: int = 1500) -> str:
 
 
 def check_graph(g: onnx.GraphProto, source: str, outer: frozenset = frozenset(),
-                where: str = "the graph") -> None:
-    """Every value defined once and before it is read; outputs defined (subgraphs too)."""
+                where: str = "the graph", top: bool = False) -> None:
+    """Every value defined once and before it is read; outputs defined (subgraphs too); the
+    model's inputs and outputs declare no negative dim."""
     defined: dict[str, str] = {}  # name -> what defines it, in this graph
+    for vi in [*g.input, *g.output] if top else []:
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if any(d.HasField("dim_value") and d.dim_value < 0 for d in dims):
+            shape = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in dims]
+            raise ModelError(f"{source}: '{vi.name}' declares a negative dim {shape}")
 
     def define(name: str, what: str) -> None:
         if name in defined:

@@ -300,7 +300,42 @@ def initializer_size(m, rng, tmp):
     return Edit(f"initializer-{kind}", True)
 
 
-EDITS = [unknown_op, unknown_domain, opset, missing_initializer, dangling, duplicate, cycle,
+def _free_outputs(m) -> None:
+    for o in m.graph.output:  # (the edit changes the output's shape: ONNX infers it)
+        o.type.tensor_type.ClearField("shape")
+
+
+def rewire(m, rng, tmp):
+    """A node reads another value defined before it: shapes the seed never combined."""
+    g = m.graph
+    k = int(rng.integers(0, len(g.node)))
+    node = g.node[k]
+    earlier = [vi.name for vi in g.input] + [t.name for t in g.initializer] + \
+        [o for n in g.node[:k] for o in n.output if o]
+    node.input[int(rng.integers(0, len(node.input)))] = _pick(rng, earlier)
+    _free_outputs(m)
+    return Edit("rewire", False)
+
+
+def attribute_value(m, rng, tmp):
+    """An integer attribute (axis, perm, pads, strides, keepdims ...) given another value."""
+    ints = [(n, a) for n in m.graph.node for a in n.attribute
+            if a.type in (onnx.AttributeProto.INT, onnx.AttributeProto.INTS)]
+    if not ints:
+        return rewire(m, rng, tmp)
+    node, a = _pick(rng, ints)
+    values = [-3, -2, -1, 0, 1, 2, 3, 5]
+    if a.type == onnx.AttributeProto.INT:
+        a.i = _pick(rng, [v for v in values if v != a.i])
+    elif rng.random() < 0.2 or not a.ints:
+        a.ints.append(_pick(rng, values)) if rng.random() < 0.5 or not a.ints else a.ints.pop()
+    else:
+        a.ints[int(rng.integers(0, len(a.ints)))] = _pick(rng, values)
+    _free_outputs(m)
+    return Edit(f"attribute-value-{node.op_type}", False)
+
+
+EDITS = [rewire, rewire, attribute_value, attribute_value, unknown_op, unknown_domain, opset, missing_initializer, dangling, duplicate, cycle,
          attribute_type, dims, rank_dtype, empty, external_data, initializer_size]
 
 

@@ -188,18 +188,40 @@ def random_feeds(specs, rng: np.random.Generator, batch: int = 2) -> dict[str, n
     return feeds
 
 
+# ONNX Runtime refusals that are about its own coverage, not the model's meaning: deploy runs
+# some ops on more types of a kind than ORT has kernels for, and infers outputs declared with
+# an UNDEFINED element type. ONNX's reference evaluator is the oracle there.
+ORT_GAPS = ("NOT_IMPLEMENTED", "Could not find an implementation", "Type Error: Type '",
+            "Invalid tensor data type 0")
+
+
 def check_against_ort(model: bytes | str, module, rng: np.random.Generator) -> None:
     """A compiled (possibly mutated) model (its bytes, or its path) agrees with ONNX Runtime
-    on random inputs."""
+    on random inputs (with ONNX's reference evaluator where ORT lacks a kernel)."""
     feeds = random_feeds(module.input_specs, rng)
-    sess = None
     try:
         sess = session(model)
         names = [i.name for i in sess.get_inputs()]
     except Exception as e:  # noqa: BLE001
-        raise Wrong(f"ONNX Runtime refuses a model deploy compiled: {type(e).__name__}: "
-                    f"{' '.join(str(e).split())[:400]}") from None
+        text = " ".join(str(e).split())
+        if not any(g in text for g in ORT_GAPS):
+            raise Wrong(f"ONNX Runtime refuses a model deploy compiled: {type(e).__name__}: "
+                        f"{text[:400]}") from None
+        ours = module.run(dict(feeds))
+        compare(ours, reference_run(model, feeds, text))
+        return
     if sorted(names) != sorted(feeds):
         raise Wrong(f"deploy's inputs {sorted(feeds)} are not ONNX Runtime's {sorted(names)}")
     ours = module.run(dict(feeds))
     compare(ours, ort_run(sess, feeds))
+
+
+def reference_run(model: bytes | str, feeds: dict, why: str) -> list[np.ndarray]:
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+    try:
+        proto = onnx.load(model) if isinstance(model, str) else onnx.load_from_string(model)
+        return [np.asarray(o) for o in ReferenceEvaluator(proto).run(None, feeds)]
+    except Exception as e:  # noqa: BLE001
+        raise Wrong(f"ONNX Runtime ({why[:200]}) and ONNX's reference evaluator ({type(e).__name__}"
+                    f": {' '.join(str(e).split())[:200]}) refuse a model deploy compiled") from None

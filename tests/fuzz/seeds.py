@@ -79,7 +79,20 @@ def gather() -> onnx.ModelProto:
                    "scale": np.array(2.0, np.float32)}, "gather")
 
 
-MODELS = {"mlp": mlp, "convnet": convnet, "symbolic": symbolic, "gather": gather}
+def shapes() -> onnx.ModelProto:
+    """Two symbols through movement ops and reductions: x[batch, seq, 4] -> y[batch * 8]."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1], name="transpose"),
+             helper.make_node("ReduceMax", ["t"], ["r"], axes=[2], keepdims=0, name="max"),
+             helper.make_node("ReduceMin", ["x"], ["q"], axes=[1], keepdims=0, name="min"),
+             helper.make_node("Concat", ["r", "q"], ["c"], axis=1, name="concat"),
+             helper.make_node("Reshape", ["c", "flat"], ["y"], name="flatten")]
+    return _model(nodes, [("x", TensorProto.FLOAT, ["batch", "seq", 4])],
+                  [("y", TensorProto.FLOAT, [None])], {"flat": np.array([-1], np.int64)},
+                  "shapes")
+
+
+MODELS = {"mlp": mlp, "convnet": convnet, "symbolic": symbolic, "gather": gather,
+          "shapes": shapes}
 
 
 def prepare(folder: Path) -> Path:
