@@ -255,9 +255,9 @@ def _check_values(data: dict) -> list[str]:
         problems.append(f"key 'preferred_layout' must be one of {sorted(LAYOUTS)}, "
                         f"got {_short(data['preferred_layout'])}")
     problems += _check_numbers(data)
-    if data.get("vector_bits", 128) not in VECTOR_BITS:  # (a tuning-record key, GPUs too)
-        problems.append(f"key 'vector_bits' must be one of {sorted(VECTOR_BITS)}, got "
-                        f"{data['vector_bits']}")
+    for key, accepted in (("vector_bits", VECTOR_BITS), ("warp_size", WARP_SIZES)):
+        if key in data and data[key] not in accepted:  # (tuning-record keys, on any kind)
+            problems.append(f"key '{key}' must be one of {sorted(accepted)}, got {data[key]}")
     problems += _check_gpu(data) if kind == "gpu" else []
     for k, v in data.get("peak_tflops", {}).items():
         if k not in PEAK_DTYPES:
@@ -276,9 +276,6 @@ def _check_numbers(data: dict) -> list[str]:
 def _check_gpu(data: dict) -> list[str]:
     problems = [f"GPU targets need key '{k}' ({SCHEMA[k][2]})" for k in GPU_REQUIRED
                 if k not in data]
-    if data.get("warp_size", 32) not in WARP_SIZES:
-        problems.append(f"key 'warp_size' must be one of {sorted(WARP_SIZES)}, "
-                        f"got {data['warp_size']}")
     pattern = GPU_ARCH.get(data["vendor"])
     if pattern and not pattern.match(data["arch"]):
         problems.append(f"key 'arch' for vendor {data['vendor']} must look like "

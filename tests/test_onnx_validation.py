@@ -187,3 +187,34 @@ def test_conv_kernel_shape_must_match_the_weights():
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 1], name="conv")]
     m = make_model(nodes, [("x", F32, [1, 3, 5, 5])], [("y", F32, None)], initializers={"w": w})
     refused(m, "kernel_shape [3, 1] does not match the weight's spatial dims [3, 3]")
+
+
+def test_a_symbolic_concat_dim_off_the_axis_is_checked_at_run_time():
+    """Concat of [seq, 4] and [batch, 4] on axis 1 needs seq == batch (it was computed at any
+    sizes)."""
+    nodes = [helper.make_node("ReduceMax", ["x"], ["r"], axes=[0], keepdims=0),
+             helper.make_node("ReduceMin", ["x"], ["q"], axes=[1], keepdims=0),
+             helper.make_node("Concat", ["r", "q"], ["y"], axis=1)]
+    model = make_model(nodes, [("x", F32, ["batch", "seq", 4])], [("y", F32, None)])
+    mod = deploy.compile(model).load()
+    with pytest.raises(InputError, match=r"seq must equal batch \(Concat of \[seq, 4\] and "):
+        mod.run({"x": np.ones((2, 3, 4), F32)})
+    x = np.random.default_rng(0).standard_normal((3, 3, 4)).astype(F32)
+    want = np.concatenate([x.max(0), x.min(1)], axis=1)
+    np.testing.assert_allclose(mod.run({"x": x})[0], want)
+
+
+def test_a_conv_bias_of_another_shape_is_refused():
+    """A bias of shape [1, 4, 1] crashed the lowering."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv")]
+    m = make_model(nodes, [("x", F32, [1, 3, 5, 5])], [("y", F32, None)],
+                   initializers={"w": np.ones((4, 3, 3, 3), F32), "b": np.ones((1, 4, 1), F32)})
+    refused(m, "the bias has shape [1, 4, 1]; expected [4]")
+
+
+def test_a_reshape_shape_that_is_not_1d_is_refused():
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["y"], name="flatten")]
+    m = make_model(nodes, [("x", F32, [2, 3])], [("y", F32, None)],
+                   initializers={"s": np.array([[[-1]]], np.int64)})
+    refused(m, "node 'flatten' (Reshape, opset 17): the shape input has shape [1, 1, 1]; it "
+               "must be 1-D")

@@ -68,3 +68,13 @@ def test_python_tags_are_refused(tmp_path):
 def test_a_nan_size_is_refused(tmp_path):
     _refused(tmp_path, (HOST + "mem_bandwidth_gbs: .nan\n").encode(),
              "key 'mem_bandwidth_gbs' must be >= 0, got nan")
+
+
+@pytest.mark.parametrize("key, value", [("vector_bits", 300), ("warp_size", 48)])
+def test_enumerated_sizes_are_checked_on_every_kind(tmp_path, key, value):
+    """vector_bits and warp_size key tuning records: checked on CPU and GPU targets alike."""
+    for name in ("host", "h100"):
+        text = (HERE / f"{name}.yaml").read_text()
+        lines = [ln for ln in text.splitlines() if not ln.startswith(f"{key}:")]
+        _refused(tmp_path, ("\n".join(lines) + f"\n{key}: {value}\n").encode(),
+                 f"key '{key}' must be one of")

@@ -74,6 +74,8 @@ def axes_operand(cx, node, ins, index: int, attr_before: int, what: str):
 @converter("Reshape")
 def convert_reshape(cx, node, ins):
     x, shape = ins[0], ins[1] if len(ins) > 1 else None
+    if shape is not None and len(shape.shape) != 1:
+        raise ValueError(f"the shape input has shape {list(shape.shape)}; it must be 1-D")
     target = cx.attr(node, "shape") if shape is None else ints(cx.const_of(shape, "Reshape's shape"))
     allowzero = cx.attr(node, "allowzero", 0)
     return [reshape_to(cx, x, resolve_reshape(x.shape, target, allowzero), node.name)]

@@ -69,6 +69,13 @@ def _conv_shape(ins, attrs):
     return [(x[0], w[0]) + sp]
 
 
+def _check_bias(ins, channels, op: str) -> None:
+    """The bias, where given, has one value per output channel."""
+    if len(ins) > 2 and ins[2] is not None and tuple(ins[2].shape) != (channels,):
+        raise ValueError(f"{op}: the bias has shape {list(ins[2].shape)}; expected "
+                         f"[{channels}] (one value per output channel)")
+
+
 def _window_slices(offsets, dil, stride, out_sp):
     return tuple(slice(o * d, o * d + (n - 1) * s + 1, s)
                  for o, d, s, n in zip(offsets, dil, stride, out_sp))
@@ -124,6 +131,7 @@ class _Shape:
 
 def _conv_shape_any(ins, attrs):
     x, w = _nchw_shapes(ins, attrs)
+    _check_bias(ins, w[0], "Conv")
     (out,) = _conv_shape([_Shape(x), _Shape(w)], attrs)
     return [tuple(out[p] for p in TO_NHWC)] if attrs["layout"] == "NHWC" else [out]
 
@@ -148,6 +156,7 @@ def _convt_shape(ins, attrs):
     nsp, g = len(x) - 2, attrs["group"]
     if x[1] != w[0]:
         raise ValueError(f"ConvTranspose: input channels {x[1]} != weight dim 0 {w[0]}")
+    _check_bias(ins, w[1] * g, "ConvTranspose")
     pads = attrs["pads"]
     sp = tuple((x[2 + i] - 1) * attrs["strides"][i] + (w[2 + i] - 1) * attrs["dilations"][i] + 1
                - pads[i] - pads[nsp + i] for i in range(nsp))

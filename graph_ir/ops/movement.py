@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..sym import Sym, SymbolicError, floordiv, free_symbols, smax
+from ..sym import Sym, SymbolicError, context, floordiv, free_symbols, smax
 from ..types import DType
 from .registry import REQUIRED, Kind, broadcast_shapes, define, same_dtype
 
@@ -55,6 +55,18 @@ Slice = define("Slice", Kind.MOVEMENT, lambda ins, a: [tuple(a["sizes"])], same_
 def _concat_shape(ins, a):
     ax = a["axis"]
     shape = list(ins[0].shape)
+    for t in ins[1:]:  # same rank; dims off the axis equal (symbolic ones: checked at run time)
+        if len(t.shape) != len(shape):
+            raise ValueError(f"Concat: inputs of ranks {len(shape)} and {len(t.shape)}")
+        for k, (d, e) in enumerate(zip(shape, t.shape)):
+            if k == ax % len(shape) or d == e:
+                continue
+            symbolic = isinstance(d, Sym) or isinstance(e, Sym)
+            if not symbolic:
+                raise ValueError(f"Concat on axis {ax}: shapes {list(shape)} and "
+                                 f"{list(t.shape)} differ on axis {k}")
+            where = f"Concat of [{', '.join(map(str, shape))}] and [{', '.join(map(str, t.shape))}]"
+            context().equal.append((d, e, where))
     shape[ax] = sum(t.shape[ax] for t in ins)
     return [tuple(shape)]
 
