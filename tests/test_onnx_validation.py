@@ -218,3 +218,12 @@ def test_a_reshape_shape_that_is_not_1d_is_refused():
                    initializers={"s": np.array([[[-1]]], np.int64)})
     refused(m, "node 'flatten' (Reshape, opset 17): the shape input has shape [1, 1, 1]; it "
                "must be 1-D")
+
+
+def test_a_gemm_c_that_does_not_broadcast_one_way_is_refused():
+    """C of shape [1, 5, 1] made a rank-3 result (ONNX Runtime refuses it)."""
+    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="fc")]
+    m = make_model(nodes, [("x", F32, [2, 4])], [("y", F32, None)],
+                   initializers={"w": W, "c": np.ones((1, 5, 1), F32)})
+    refused(m, "node 'fc' (Gemm, opset 17): C has shape [1, 5, 1], which does not broadcast to "
+               "the product's [2, 5]")

@@ -58,6 +58,11 @@ def convert_gemm(cx, node, ins):
     alpha, beta = float(attr("alpha", 1.0)), float(attr("beta", 1.0))
     if alpha != 1.0:
         y = cx.b.op(ew.Mul, y, _scalar(cx, alpha, y))
+    if c is not None and (len(c.shape) > 2 or any(
+            isinstance(e, int) and isinstance(d, int) and e not in (1, d)
+            for e, d in zip(c.shape[::-1], y.shape[::-1]))):
+        raise ValueError(f"C has shape {list(c.shape)}, which does not broadcast to the "
+                         f"product's {list(y.shape)} (Gemm's C broadcasts one way)")
     if c is not None and beta != 0.0:
         if beta != 1.0:
             c = cx.b.op(ew.Mul, c, _scalar(cx, beta, c))

@@ -204,6 +204,9 @@ def check_against_ort(model: bytes | str, module, rng: np.random.Generator) -> N
         names = [i.name for i in sess.get_inputs()]
     except Exception as e:  # noqa: BLE001
         text = " ".join(str(e).split())
+        if "Cannot parse data from external tensors" in text and isinstance(model, str):
+            import onnx  # ORT's shape inference reads no side files: the data in the model
+            return check_against_ort(onnx.load(model).SerializeToString(), module, rng)
         if not any(g in text for g in ORT_GAPS):
             raise Wrong(f"ONNX Runtime refuses a model deploy compiled: {type(e).__name__}: "
                         f"{text[:400]}") from None
@@ -213,14 +216,28 @@ def check_against_ort(model: bytes | str, module, rng: np.random.Generator) -> N
     if sorted(names) != sorted(feeds):
         raise Wrong(f"deploy's inputs {sorted(feeds)} are not ONNX Runtime's {sorted(names)}")
     ours = module.run(dict(feeds))
-    compare(ours, ort_run(sess, feeds))
+    agrees(ours, model, feeds, lambda: ort_run(sess, feeds))
+
+
+def agrees(ours, model: bytes | str, feeds: dict, ort_outputs) -> None:
+    """``ours`` matches ONNX Runtime's outputs or, where they differ, ONNX's reference
+    evaluator's: the spec's executable semantics (ORT's Max/Min reductions, say, drop a NaN
+    or keep it depending on where it lies; the reference and deploy keep it)."""
+    try:
+        compare(ours, ort_outputs())
+    except Wrong as e:
+        try:
+            compare(ours, reference_run(model, feeds, str(e)))
+        except Wrong:
+            raise e from None
 
 
 def reference_run(model: bytes | str, feeds: dict, why: str) -> list[np.ndarray]:
     import onnx
     from onnx.reference import ReferenceEvaluator
     try:
-        proto = onnx.load(model) if isinstance(model, str) else onnx.load_from_string(model)
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model) if \
+            isinstance(model, str) else onnx.load_from_string(model)
         return [np.asarray(o) for o in ReferenceEvaluator(proto).run(None, feeds)]
     except Exception as e:  # noqa: BLE001
         raise Wrong(f"ONNX Runtime ({why[:200]}) and ONNX's reference evaluator ({type(e).__name__}"
