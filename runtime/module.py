@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ArtifactError, DeployError, InputError
+from ..errors import ArtifactError, DeployError, InputError, ResourceLimitError
 from .arena import place
 from .artifact import aligned_array, aligned_empty, read_artifact
 from .cpu_features import missing_features
@@ -74,6 +74,12 @@ class Module:
                      if s["kind"] == "kernel"}
         # one C call runs the whole plan when the artifact has an entry point (no host ops)
         self._entry = self._symbol(m["entry"]) if m.get("entry") and self._lib else None
+        # kernels whose temporaries cannot be allocated stop and say so (backends/c/prelude.h)
+        self._failed = self._lib.deploy_failed if m.get("library_status") and self._lib else None
+        if self._failed is not None:
+            self._failed.restype = ctypes.c_int64
+            if self._entry is not None:
+                self._entry.restype = ctypes.c_int64  # 0, or the bytes it failed to allocate
         self._n_values = max((int(k) for k in m["values"]), default=-1) + 1
         self._views = [s for s in self.steps if s["kind"] == "view"]
         written = [v for s in self.steps if s["kind"] == "kernel" for v in s["outputs"]]
@@ -235,7 +241,9 @@ class Module:
             arr = aligned_array(shape if sig is None else sig.shapes[vid], dtype)
             ptrs[vid] = _address(arr)
             fresh.append(arr)
-        self._entry(ptrs)
+        failed = self._entry(ptrs)  # (None from artifacts without library_status)
+        if failed:
+            self._out_of_memory(failed)
         if self._fresh_outputs is not None:  # every output is a fresh buffer: no copies
             return [fresh[k] for k in self._fresh_outputs]
         env = dict(zip(self._input_ids, arrays))
@@ -327,6 +335,8 @@ class Module:
                 args.append(sig.dims)
             ptrs = (ctypes.c_void_p * len(args))(*[a.ctypes.data for a in args])
             self._fns[step["symbol"]](ptrs)
+            if self._failed is not None and (failed := self._failed()):
+                self._out_of_memory(failed)
         elif kind == "view":
             dtype, shape = self.values[step["outputs"][0]]
             if sig is not None:
@@ -344,6 +354,12 @@ class Module:
                          f"host op '{step.get('node')}' ({step['op']})")
         else:
             raise ArtifactError(f"{self.path}: unknown plan step kind {kind!r}")
+
+    def _out_of_memory(self, nbytes: int) -> None:
+        raise ResourceLimitError(
+            f"{self.path}: out of memory: a kernel's temporaries need {nbytes} bytes "
+            f"({nbytes / (1 << 30):.1f} GiB), which this process cannot allocate; compile with "
+            "--max-memory to refuse such a model at compile time, or use smaller inputs")
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.input_specs))

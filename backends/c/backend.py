@@ -54,7 +54,8 @@ class CBackend(Backend):
         plan.drop_unused_constants()
         return Built(members, kernels, {
             "library": "lib/model.so" if plan.kernels else None,
-            "entry": ENTRY if plan.kernels and not plan.host_ops else None})
+            "entry": ENTRY if plan.kernels and not plan.host_ops else None,
+            "library_status": True})  # out-of-memory reports: deploy_run returns, deploy_failed
 
 
 def target_features(tgt) -> dict:
@@ -143,17 +144,19 @@ def _entry_point(plan) -> str:
     """``void deploy_run(void** v)``: the whole plan in one C call. ``v[id]`` points at value
     ``id`` (inputs, weights, arena slices, outputs); kernels run in order, views alias."""
     lines = [("/* the whole launch plan; v[i] is value i of the manifest, v[dims_slot] the "
-             "symbolic sizes' values */"),
-             f"void {ENTRY}(void** v) {{"]
+             "symbolic sizes' values; returns 0, or the bytes of temporaries a kernel could not "
+             "allocate (the plan stops there) */"),
+             f"int64_t {ENTRY}(void** v) {{"]
     for step in plan.steps:
         if step["kind"] == "kernel":
             dims = (plan.dims_slot(),) if step.get("dims") else ()
             args = ", ".join(f"v[{i}]" for i in (*step["inputs"], *step["outputs"], *dims))
             lines.append(f"  {{ void* a[] = {{{args}}}; {step['symbol']}(a); }}")
+            lines.append("  if (dp_failed) return deploy_failed();")
         elif step["kind"] == "view":
             lines.append(f"  v[{step['outputs'][0]}] = v[{step['inputs'][0]}];")
     decls = [f"void {s['symbol']}(void* const* args);" for s in plan.steps if s["kind"] == "kernel"]
-    return "\n".join(decls + lines + ["}"]) + "\n"
+    return "\n".join(decls + lines + ["  return 0;", "}"]) + "\n"
 
 
 def _pack_weights(k, sched, step: dict, plan, tuned, vector_bits: int):

@@ -108,11 +108,17 @@ static inline void dp_store16(float* p, dp_f32x16 v) { memcpy(p, &v, 64); }
    and kept between calls: no allocation (or page faults) per run, and concurrent runs from other
    threads use their own. dp_local is a second such buffer for work inside a parallel region
    (the calling thread's first one may hold the kernel's temporaries there). */
+/* A buffer that cannot be allocated is NULL: the kernel then returns without writing and the
+   size is left in dp_failed (the calling thread's), which the whole-plan entry returns and
+   deploy_failed() reads and clears; the runtime raises ResourceLimitError (no segfault). */
+__attribute__((weak)) __thread int64_t dp_failed;
+__attribute__((weak)) int64_t deploy_failed(void) { int64_t n = dp_failed; dp_failed = 0; return n; }
 static inline void* dp_grow(char** buf, size_t* cap, size_t n) {
   if (n > *cap) {
     free(*buf);
-    *buf = (char*)aligned_alloc(64, (n + 63) / 64 * 64);
+    *buf = n > SIZE_MAX / 2 ? NULL : (char*)aligned_alloc(64, (n + 63) / 64 * 64);
     *cap = *buf ? n : 0;
+    if (!*buf) dp_failed = (int64_t)(n > INT64_MAX ? INT64_MAX : n);
   }
   return *buf;
 }

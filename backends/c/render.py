@@ -176,6 +176,7 @@ class CRenderer:
         if k.temps:  # carved from the calling thread's scratch buffer (kept between calls)
             total = sum(_align64(smax(t.numel, 1) * t.dtype.itemsize) for t in k.temps)
             lines.append(f"  char* scratch_ = (char*)dp_scratch({c_size(total)});")
+            lines.append("  if (!scratch_) return;  /* out of memory: dp_failed says so */")
         for t in k.temps:
             lines.append(f"  {t.dtype.c_type}* restrict {_ident(t.name)} = "
                          f"({t.dtype.c_type}*)(scratch_ + {c_size(offset)});")

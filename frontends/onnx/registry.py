@@ -13,18 +13,25 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ...errors import ModelError
 from ...graph_ir.builder import Builder
 from ...graph_ir.graph import Value
 
 
-class NeedsConstant(Exception):
-    """A converter needs the value of a runtime input (e.g. Reshape's shape)."""
+class NeedsConstant(ModelError):
+    """A converter needs the value of a runtime input (e.g. Reshape's shape). Callers that
+    specialize such inputs catch it; anyone else gets it as the ModelError it is."""
 
     def __init__(self, value: Value, what: str, inputs: tuple = ()):
         self.value = value
         self.inputs = tuple(inputs)  # the graph inputs ``value`` is computed from
+        self.where = ""  # the node, once the importer knows it
         super().__init__(f"{what} must be a constant (or computable at compile time), "
                          f"but %{value.name} is only known at run time")
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{self.where}: {text}" if self.where else text
 
 
 @dataclass

@@ -335,7 +335,29 @@ def attribute_value(m, rng, tmp):
     return Edit(f"attribute-value-{node.op_type}", False)
 
 
-EDITS = [rewire, rewire, attribute_value, attribute_value, unknown_op, unknown_domain, opset, missing_initializer, dangling, duplicate, cycle,
+def constant_value(m, rng, tmp):
+    """An integer or bool initializer (starts, pads, shapes, indices, axes, masks) given other
+    values: the operands converters read at import."""
+    inits = [t for t in m.graph.initializer
+             if t.data_type in (TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL)]
+    if not inits:
+        return attribute_value(m, rng, tmp)
+    t = _pick(rng, inits)
+    arr = numpy_helper.to_array(t).copy()
+    flat = arr.reshape(-1)
+    if flat.size and rng.random() < 0.8:
+        k = int(rng.integers(0, flat.size))
+        flat[k] = ~flat[k] if arr.dtype == np.bool_ else _pick(
+            rng, [-(2 ** 62), -7, -3, -2, -1, 0, 1, 2, 3, 5, 9, 2 ** 31, 2 ** 62])
+    else:  # one element more or less
+        arr = np.append(flat, flat[-1:] if flat.size else 1)[:None if rng.random() < 0.5 else
+                                                               max(flat.size - 1, 0)]
+    t.CopyFrom(numpy_helper.from_array(arr.astype(numpy_helper.to_array(t).dtype), t.name))
+    _free_outputs(m)
+    return Edit(f"constant-value-{t.name}", False)
+
+
+EDITS = [rewire, rewire, attribute_value, attribute_value, constant_value, constant_value, unknown_op, unknown_domain, opset, missing_initializer, dangling, duplicate, cycle,
          attribute_type, dims, rank_dtype, empty, external_data, initializer_size]
 
 

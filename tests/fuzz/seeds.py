@@ -91,8 +91,28 @@ def shapes() -> onnx.ModelProto:
                   "shapes")
 
 
+def movement() -> onnx.ModelProto:
+    """Ops whose operands are constants (Slice, Pad, Tile, Expand, Split, Gather, Where,
+    Unsqueeze): x[2, 3, 4] -> y[1, 3, 2, 2]."""
+    i64 = lambda *v: np.array(v, np.int64)
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["s"]),
+             helper.make_node("Pad", ["s", "pads"], ["p"], mode="constant"),
+             helper.make_node("Tile", ["p", "reps"], ["t"]),
+             helper.make_node("ReduceSum", ["t", "sum_axes"], ["r"], keepdims=0),
+             helper.make_node("Gather", ["r", "idx"], ["g"], axis=1),
+             helper.make_node("Expand", ["g", "shape"], ["e"]),
+             helper.make_node("Split", ["e", "split"], ["a", "b"], axis=2),
+             helper.make_node("Where", ["mask", "a", "b"], ["w"]),
+             helper.make_node("Unsqueeze", ["w", "unsq"], ["y"])]
+    return _model(nodes, [("x", TensorProto.FLOAT, [2, 3, 4])], [("y", TensorProto.FLOAT, None)],
+                  {"starts": i64(0, 1), "ends": i64(2, 4), "axes": i64(0, 2), "steps": i64(1, 1),
+                   "pads": i64(0, 0, 1, 0, 0, 1), "reps": i64(1, 2, 1), "sum_axes": i64(2),
+                   "idx": i64(0, 5, 2, 1), "shape": i64(3, 1, 4), "split": i64(2, 2),
+                   "mask": np.array([True, False]), "unsq": i64(0)}, "movement")
+
+
 MODELS = {"mlp": mlp, "convnet": convnet, "symbolic": symbolic, "gather": gather,
-          "shapes": shapes}
+          "shapes": shapes, "movement": movement}
 
 
 def prepare(folder: Path) -> Path:
