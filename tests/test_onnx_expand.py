@@ -77,10 +77,9 @@ def test_local_functions_are_inlined_and_match_ort():
 
 
 def test_ops_without_a_body_are_still_reported():
-    node = helper.make_node("StringNormalizer", ["s"], ["t"], name="norm")
-    model = make_model([node], [helper.make_tensor_value_info("s", TensorProto.STRING, [2])],
-                       [helper.make_tensor_value_info("t", TensorProto.STRING, [2])], opset=17)
-    with pytest.raises(UnsupportedOpsError, match="norm.*StringNormalizer"):
+    node = helper.make_node("ImageDecoder", ["s"], ["t"], name="decode")
+    model = make_model([node], [("s", np.uint8, [64])], [("t", np.uint8, None)], opset=20)
+    with pytest.raises(UnsupportedOpsError, match="decode.*ImageDecoder"):
         deploy.compile(model)
 
 
@@ -88,16 +87,14 @@ def test_an_op_whose_body_needs_missing_ops_keeps_its_name():
     """Bernoulli's body draws with RandomUniformLike, which deploy lacks: the error names the
     user's node and op, and says what its body needs, beside the other unsupported node."""
     nodes = [helper.make_node("Bernoulli", ["p"], ["b"], name="coin"),
-             helper.make_node("StringNormalizer", ["s"], ["t"], name="norm")]
-    model = make_model(nodes, [("p", np.float32, [4]),
-                               helper.make_tensor_value_info("s", TensorProto.STRING, [2])],
-                       [("b", np.float32, [4]),
-                        helper.make_tensor_value_info("t", TensorProto.STRING, [2])], opset=22)
+             helper.make_node("ImageDecoder", ["s"], ["t"], name="decode")]
+    model = make_model(nodes, [("p", np.float32, [4]), ("s", np.uint8, [64])],
+                       [("b", np.float32, [4]), ("t", np.uint8, None)], opset=22)
     with pytest.raises(UnsupportedOpsError) as e:
         deploy.compile(model)
     text = str(e.value)
     assert "'coin': Bernoulli (opset 22): its function body uses RandomUniformLike" in text
-    assert "'norm': StringNormalizer" in text
+    assert "'decode': ImageDecoder" in text
 
 
 def test_torch_export_with_module_functions_matches_ort(tmp_path):
