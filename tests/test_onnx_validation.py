@@ -227,3 +227,35 @@ def test_a_gemm_c_that_does_not_broadcast_one_way_is_refused():
                    initializers={"w": W, "c": np.ones((1, 5, 1), F32)})
     refused(m, "node 'fc' (Gemm, opset 17): C has shape [1, 5, 1], which does not broadcast to "
                "the product's [2, 5]")
+
+
+def test_a_reshape_keeps_the_element_count():
+    """A shape of another element count is an error; with symbolic sizes, a constraint (a
+    reshape of [batch, 8] to [] ran, and failed reading its output)."""
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["y"], name="flatten")]
+    m = make_model(nodes, [("x", F32, [2, 8])], [("y", F32, None)],
+                   initializers={"s": np.array([3, 5], np.int64)})
+    refused(m, "Reshape: cannot reshape (2, 8) to (3, 5)")
+    m = make_model(nodes, [("x", F32, ["batch", 8])], [("y", F32, None)],
+                   initializers={"s": np.array([4, 4], np.int64)})
+    mod = deploy.compile(m).load()
+    with pytest.raises(InputError, match=r"must equal .*Reshape of \[batch, 8\] to \[4, 4\]"):
+        mod.run({"x": np.ones((3, 8), F32)})
+    x = np.arange(16, dtype=F32).reshape(2, 8)
+    np.testing.assert_array_equal(mod.run({"x": x})[0], x.reshape(4, 4))
+
+
+def test_constant_gather_indices_out_of_range_are_refused():
+    """Constant indices are checked at import (indices known only at run time are clamped)."""
+    nodes = [helper.make_node("Gather", ["t", "i"], ["y"], axis=1, name="gather")]
+    m = make_model(nodes, [("t", F32, [2, 6])], [("y", F32, None)],
+                   initializers={"i": np.array([0, 9, 2], np.int64)})
+    refused(m, "node 'gather' (Gather, opset 17): index 9 is out of range for axis 1 of size 6")
+
+
+def test_integer_operands_are_scalars_or_lists():
+    """Unsqueeze's axes as a [1, 1] tensor were flattened; ONNX Runtime refuses them."""
+    nodes = [helper.make_node("Unsqueeze", ["x", "axes"], ["y"], name="unsqueeze")]
+    m = make_model(nodes, [("x", F32, [2, 3])], [("y", F32, None)],
+                   initializers={"axes": np.array([[0]], np.int64)})
+    refused(m, "an integer operand of shape [1, 1]; it must be a scalar or a 1-D list")

@@ -28,8 +28,13 @@ def axis_of(axis: int, rank: int, what: str = "axis") -> int:
 
 
 def ints(arr) -> list:
-    """The values of an integer operand: ints, and ``Sym`` entries of a shape value."""
-    return [v if isinstance(v, Sym) else int(v) for v in np.asarray(arr).reshape(-1)]
+    """The values of an integer operand (a scalar or a 1-D list: axes, shapes, pads, starts
+    ...): ints, and ``Sym`` entries of a shape value."""
+    arr = np.asarray(arr)
+    if arr.ndim > 1:
+        raise ValueError(f"an integer operand of shape {list(arr.shape)}; it must be a scalar "
+                         "or a 1-D list")
+    return [v if isinstance(v, Sym) else int(v) for v in arr.reshape(-1)]
 
 
 def reshape_to(cx, x, shape, name=""):
@@ -419,6 +424,11 @@ def convert_gather(cx, node, ins):
     x, ind = ins
     axis = axis_of(cx.attr(node, "axis", 0), len(x.shape))
     known = cx.b.value_of(ind)
+    n = x.shape[axis]
+    if known is not None and known.dtype.kind in "iu" and isinstance(n, int) and known.size and not (
+            (-n <= known) & (known < n)).all():  # (indices known only at run time are clamped)
+        bad = known[(known < -n) | (known >= n)].reshape(-1)[0]
+        raise ValueError(f"index {bad} is out of range for axis {axis} of size {n}")
     if known is not None and known.ndim == 0 and -x.shape[axis] <= int(known) < x.shape[axis]:
         # x.take(c, axis) with a constant scalar c -> Slice [c, c+1) + Reshape: affine indexing
         i = int(known) % x.shape[axis]

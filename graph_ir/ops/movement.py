@@ -17,8 +17,16 @@ from .registry import REQUIRED, Kind, broadcast_shapes, define, same_dtype
 
 def _check_reshape(ins, attrs):
     src, dst = ins[0].shape, tuple(attrs["shape"])
-    if all(isinstance(d, int) for d in src + dst) and np.prod(src) != np.prod(dst):
-        raise ValueError(f"Reshape: cannot reshape {src} to {dst}")
+    if any(isinstance(d, int) and d < 0 for d in dst):
+        raise ValueError(f"Reshape: a negative dim in {list(dst)}")
+    have, want = math.prod(src), math.prod(dst)
+    if have != want:
+        symbolic = isinstance(have, Sym) or isinstance(want, Sym)
+        if not symbolic:
+            raise ValueError(f"Reshape: cannot reshape {src} to {dst}")
+        # symbolic sizes: as many elements at run time (a constraint the runtime checks)
+        where = f"Reshape of [{', '.join(map(str, src))}] to [{', '.join(map(str, dst))}]"
+        context().equal.append((have, want, where))
     return [dst]
 
 

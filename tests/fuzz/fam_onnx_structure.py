@@ -140,12 +140,15 @@ def dims(m, rng, tmp):
     if kind == "negative":
         shape.dim[int(rng.integers(0, len(shape.dim)))].dim_value = -int(rng.integers(1, 5))
         return Edit("dim-negative", True)
+    if kind == "zero" and not shape.dim:
+        kind = "huge"
     if kind == "zero":
         d = shape.dim[0]
         d.Clear()
         d.dim_value = 0
         for o in m.graph.output:  # (the declared output shape follows)
-            o.type.tensor_type.shape.dim[0].Clear()
+            if o.type.tensor_type.shape.dim:
+                o.type.tensor_type.shape.dim[0].Clear()
         return Edit("dim-zero", False)
     if kind == "huge":  # a 2**40-element input: compiles maybe, never runs here
         g = m.graph
