@@ -259,3 +259,22 @@ def test_integer_operands_are_scalars_or_lists():
     m = make_model(nodes, [("x", F32, [2, 3])], [("y", F32, None)],
                    initializers={"axes": np.array([[0]], np.int64)})
     refused(m, "an integer operand of shape [1, 1]; it must be a scalar or a 1-D list")
+
+
+def test_negative_pads_that_remove_more_than_the_axis_are_refused():
+    """pads -7 on an axis of 2 were clamped to an empty crop; ONNX Runtime refuses them."""
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["y"], name="pad")]
+    m = make_model(nodes, [("x", F32, [2, 3])], [("y", F32, None)],
+                   initializers={"pads": np.array([-7, 0, 1, 0], np.int64)})
+    refused(m, "pads [-7, 0, 1, 0] remove more than axis 0's 2 elements")
+
+
+def test_no_op_makes_a_negative_size():
+    """The op table refuses an output shape with a negative dim, whatever made it."""
+    from deploy.graph_ir.builder import Builder
+    from deploy.graph_ir.ops import movement
+    from deploy.graph_ir.types import DType, TensorType
+    b = Builder("t")
+    x = b.input("x", TensorType((2, 3), DType.float32))
+    with pytest.raises(ValueError, match=r"Pad: .* shape \[-5, 3\]; sizes cannot be negative"):
+        b.op(movement.Pad, x, pads=(-7, 0, 0, 0), mode="constant", value=0)

@@ -362,6 +362,10 @@ def convert_split(cx, node, ins):
 def pad_of(cx, x, pads, mode="constant", value=None, name=""):
     """ONNX pads (may be negative: crop) -> Slice for the negative part, then a core Pad."""
     r = len(x.shape)
+    for k, d in enumerate(x.shape):  # (slicing would clamp a crop past the axis to nothing)
+        if isinstance(d, int) and all(isinstance(p, int) for p in (pads[k], pads[k + r])) \
+                and d + pads[k] + pads[k + r] < 0:
+            raise ValueError(f"pads {list(pads)} remove more than axis {k}'s {d} elements")
     if any(p < 0 for p in pads):
         starts = [max(-p, 0) for p in pads[:r]]
         ends = [d - max(-p, 0) for d, p in zip(x.shape, pads[r:])]

@@ -53,6 +53,10 @@ class OpDef:
 
     def infer(self, inputs: Sequence[TensorType | None], attrs: dict) -> list[TensorType]:
         shapes = self.shape_rule(inputs, attrs)
+        for s in shapes:  # (a Pad of -7 on an axis of 2, a Slice past its end ...)
+            if any(isinstance(d, (int, np.integer)) and d < 0 for d in s):
+                raise ValueError(f"{self.name}: the inputs and attributes make an output of "
+                                 f"shape {list(s)}; sizes cannot be negative")
         dtypes = self.dtype_rule(inputs, attrs)
         return [TensorType(tuple(s), d) for s, d in zip(shapes, dtypes)]
 
