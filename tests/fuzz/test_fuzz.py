@@ -4,11 +4,15 @@ Both require no crash, hang, silent acceptance or bad message; a failure lists e
 ``family#index`` (rerun one with ``python -m deploy.tests.fuzz --replay family#index``)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from .pool import run_fuzz
 
-FAST_CASES = 300
+FAST_CASES = 500
+# one fuzz worker beside another pytest-xdist worker, two when pytest runs alone
+JOBS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
 
 
 def _assert_clean(report) -> None:
@@ -18,7 +22,7 @@ def _assert_clean(report) -> None:
 
 
 def test_the_pool_records_crashes_hangs_and_raw_exceptions_and_goes_on():
-    report = run_fuzz(5, seed=0, jobs=2, families=["selftest"], timeout=5)
+    report = run_fuzz(5, seed=0, jobs=JOBS, families=["selftest"], timeout=5)
     outcomes = {r.index: r.outcome for r in report.records}
     assert outcomes == {0: "crash", 1: "hang", 2: "crash", 3: "error", 4: "error"}
     by_index = {r.index: r for r in report.records}
@@ -27,9 +31,9 @@ def test_the_pool_records_crashes_hangs_and_raw_exceptions_and_goes_on():
 
 
 def test_fuzz_fast_tier():
-    _assert_clean(run_fuzz(FAST_CASES, seed=0, jobs=2))
+    _assert_clean(run_fuzz(FAST_CASES, seed=0, jobs=JOBS))
 
 
 @pytest.mark.slow
 def test_fuzz_10000_cases():
-    _assert_clean(run_fuzz(10_000, seed=0, jobs=2))
+    _assert_clean(run_fuzz(10_000, seed=0, jobs=JOBS))
