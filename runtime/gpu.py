@@ -19,7 +19,10 @@ consumer tensor made from them are released, with an event recorded on each cons
 that the next run writing the slab waits for. Runs on one module are serialized by a lock
 (they share the stream, the arena and the graph): everything that touches the stream, the
 producers' ``__dlpack__(stream=ours)`` included, happens under it, so no other thread's work
-can land in the graph being captured.
+can land in the graph being captured. A symbolic module's instances (one per set of sizes)
+share its stream, so they share one re-entrant lock, held from choosing the instance to the
+end of its run: no run captures while another launches, and the least recently used instance
+is closed only while no run is using it.
 
 The device is an object with a small interface (``driver.py``; ``cuda_driver.CudaDevice`` and
 ``hip_driver.HipDevice`` bind the CUDA and HIP APIs through ctypes, chosen by the artifact's
@@ -62,10 +65,11 @@ class GpuModule:
     """``deploy.load(path)`` returns one of these for GPU artifacts."""
 
     def __init__(self, path, contents=None, device=None, env: dict | None = None,
-                 constants: dict[int, int] | None = None):
+                 constants: dict[int, int] | None = None, lock=None):
         """``env`` (symbolic artifacts, made by ``SymbolicGpuModule``): the values of the
         symbols and size parameters this instance runs at; ``constants``: value id -> device
-        address of weights uploaded once for every instance."""
+        address of weights uploaded once for every instance; ``lock``: the re-entrant lock
+        of the device's stream, shared by every instance on it."""
         contents = contents or read_artifact(path)
         self.path = str(path)
         self.manifest = m = contents.manifest
@@ -91,7 +95,7 @@ class GpuModule:
                 self.device.upload(self.ptr[int(k)], np.ascontiguousarray(contents.array(name)))
         self._runner = Runner(self.device, os.environ.get("DEPLOY_CUDA_GRAPH", "1") != "0")
         self._plan = Plan(self._prepare(self.ptr))
-        self._lock = threading.Lock()
+        self._lock = lock if lock is not None else threading.Lock()
         self._slots()
         self._slab_plans = SlabPlans(self._runner) if self._direct else None
         dev = self.device
@@ -491,7 +495,7 @@ class SymbolicGpuModule:
         self._constants, self._weights = self._upload_constants()
         self._instances: dict[tuple, GpuModule] = {}
         self._limit = max(1, int(os.environ.get("DEPLOY_GPU_SHAPES", GPU_SHAPES)))
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the stream's: every instance's runs and downloads
         self._closed = False
 
     def _upload_constants(self) -> tuple[dict[int, int], int]:
@@ -537,10 +541,11 @@ class SymbolicGpuModule:
                 raise InputError(f"sizes {env} make kernel {name}'s workspace reach 2**31 "
                                  "elements, past the GPU kernels' 32-bit indexing")
         return GpuModule(self.path, self._contents, self.device, env=full,
-                         constants=self._constants)
+                         constants=self._constants, lock=self._lock)
 
     def run(self, inputs, *, device_outputs: bool | None = None) -> list:
-        return self.instance(inputs).run(inputs, device_outputs=device_outputs)
+        with self._lock:  # no other thread's sizes evict this instance before it ran
+            return self.instance(inputs).run(inputs, device_outputs=device_outputs)
 
     @property
     def graph_error(self) -> str:

@@ -194,6 +194,31 @@ def test_gpu_job_makes_the_serial_gpu_tuners_records(tmp_path, monkeypatch):
         {k: r.params for k, r in b.items()}
 
 
+def test_gpu_job_compiles_each_candidate_as_a_task_and_merges_them(tmp_path, monkeypatch):
+    # Ray runs job.compile(piece) in pool processes that hold no CUDA context: Triton compiles
+    # there (deviceless here), one candidate per task; the worker measures their union
+    pytest.importorskip("triton")
+    from deploy.backends.distributed import ray_driver
+
+    from tests.test_gpu_tuning import _model as gpu_model
+    seen = {}
+
+    def keep(job, *args, **kwargs):
+        seen["job"] = job
+        return TuneReport()
+
+    monkeypatch.setattr(ray_driver, "run_on_ray", keep)
+    deploy.compile(gpu_model(), target="h100", aot=False, tune="quick",
+                   tuning_db=str(tmp_path / "db.jsonl"), ray="local", log=lambda _: None)
+    job = seen["job"]
+    batch = job.searches[0].next_batch()
+    pieces = job.split(batch)
+    assert len(pieces) == len(batch.cands) > 1 and all(len(p.cands) == 1 for p in pieces)
+    built = job.merge([job.compile(pickle.loads(pickle.dumps(p))) for p in pieces[:2]])
+    assert set(built) == {f.name for p in pieces[:2] for f in p.functions()}
+    assert all(b.images.get("cubin") for b in built.values())
+
+
 # ---- on Ray (this machine) ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

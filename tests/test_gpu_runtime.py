@@ -234,13 +234,15 @@ def test_close_gives_the_device_memory_back(tmp_path):
     mod.close()
     torch.cuda.synchronize()
     free_before, _ = torch.cuda.mem_get_info()
+    torch_before = torch.cuda.memory_reserved()  # torch's own cache may grow meanwhile
     import deploy
     for _ in range(20):
         with deploy.load(path) as m:
             m.run({"x": x})
             m.run({"x": torch.from_numpy(x).cuda()})
     free_after, _ = torch.cuda.mem_get_info()
-    assert free_before - free_after < 16 << 20, (free_before, free_after)  # 20 x 4 MB if kept
+    ours = free_before - free_after - (torch.cuda.memory_reserved() - torch_before)
+    assert ours < 16 << 20, (free_before, free_after)  # 20 x 4 MB if kept
     np.testing.assert_allclose(kept.cpu().numpy(), run_ort(model, {"x": x})[0], rtol=1e-4,
                                atol=1e-4)
 

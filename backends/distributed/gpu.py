@@ -2,9 +2,10 @@
 
 One ``LaunchSearch`` per distinct kernel with a GEMM or reduction stage: its one batch is
 every candidate launch configuration that ``backends/triton/tune.py`` would time
-(``candidates``), compiled by a pool task (``compile_launches``: ``compile_tolerant``, a
-failing candidate dropped) and timed by a worker holding one GPU (``DeviceTimer``: the serial
-tuner's ``DeviceMeasurer``, fed the binaries). The choice is the serial tuner's (``_record``:
+(``candidates``), compiled by pool tasks, one per candidate (``split_launches``;
+``compile_launches``: ``compile_tolerant`` in the task's process, a failing candidate
+dropped), and timed by a worker holding one GPU (``DeviceTimer``: the serial tuner's
+``DeviceMeasurer``, fed the binaries of every piece, ``merge_built``). The choice is the serial tuner's (``_record``:
 the fastest per stage, the default on exact ties), so records are those a serial run makes.
 """
 from __future__ import annotations
@@ -36,8 +37,19 @@ class LaunchBatch:
 
 
 def compile_launches(batch: LaunchBatch) -> dict:
-    """Function name -> Binary for every candidate that compiles (a pool task)."""
-    return compile_tolerant(batch.functions(), batch.target, jobs=1)
+    """Function name -> Binary for every candidate that compiles (a pool task: its process
+    holds no CUDA context, so Triton compiles in it)."""
+    return compile_tolerant(batch.functions(), batch.target, here=True)
+
+
+def split_launches(batch: LaunchBatch) -> list[LaunchBatch]:
+    """A compile task per candidate: a kernel's candidates compile on as many CPUs."""
+    return [LaunchBatch((c,), batch.target) for c in batch.cands]
+
+
+def merge_built(parts) -> dict:
+    """The pieces' binaries, together (the measuring worker gets every piece's result)."""
+    return {name: b for part in parts for name, b in part.items()}
 
 
 class DeviceTimer:
@@ -113,5 +125,5 @@ def launch_job(kernels: list[Kernel], target, level: str, db: TuningDB,
         if search.cands:
             searches.append(search)
     return TuningJob(searches, compile_launches, partial(DeviceTimer, target),
-                     compile_on_worker=False, worker_options={"num_gpus": 1, "num_cpus": 1},
+                     split=split_launches, merge=merge_built, compile_on_worker=False, worker_options={"num_gpus": 1, "num_cpus": 1},
                      skipped=skipped, device="gpu")

@@ -11,6 +11,9 @@ A backend that can tune on several workers describes its tuning as a ``TuningJob
     ``compile_on_worker``  CPU jobs: the measuring worker compiles its own batches on its
                            own cores; GPU jobs: a pool of CPU tasks compiles, GPU actors
                            measure
+    ``split`` / ``merge``  GPU jobs: a batch's compile tasks (``split(batch)``, e.g. one per
+                           candidate) and, on the measuring worker, their results as one
+                           (``merge(results)``)
     =====================  ================================================================
 
 A ``Search`` proposes batches round by round (``next_batch``; ``None`` when it is done),
@@ -66,6 +69,14 @@ class Search(Protocol):
         """This search's time for a record's ``params`` (None if it never measured them)."""
 
 
+def whole(batch) -> list:
+    return [batch]
+
+
+def only(parts: list):
+    return parts[0]
+
+
 @dataclass
 class TuningJob:
     """A backend's tuning, split into searches; see the module docstring."""
@@ -79,6 +90,8 @@ class TuningJob:
     skipped: int = 0  # distinct kernels the database already had
     measure_here: Callable[[Any], list[float]] | None = None  # serial: compile + time here
     device: str = "cpu"
+    split: Callable[[Any], list] = whole  # GPU jobs: a batch's compile tasks
+    merge: Callable[[list], Any] = only  # ... and their results, as the measurer takes them
 
     def run_here(self, batch) -> list[float]:
         """Compile and time ``batch`` in this process (the serial tuner)."""

@@ -4,7 +4,9 @@ Workers (Ray actors, ``Worker``) measure; on CPU targets each pins itself to its
 (``tune_cores``, claimed with a lock file per core on its node) and compiles its own batches
 there, so compiling on one worker overlaps measuring on the others and no core does two
 things. On GPU targets each worker holds one GPU (``num_gpus=1``) and a pool of CPU tasks
-compiles the batches ahead of it (a compiled backlog of ``DEPTH`` per worker).
+compiles the batches ahead of it (a compiled backlog of ``DEPTH`` per worker), a task per
+piece of a batch (``job.split``: one candidate each), so one kernel's candidates compile on
+as many CPUs; the worker gets every piece's result and measures the batch once all are in.
 
 The driver keeps ``DEPTH`` tasks queued on every worker (the next starts as one ends), takes
 each result, asks the kernel's search for its next batch, and on a finished search merges its
@@ -20,7 +22,7 @@ import os
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import DeployError, UsageError
@@ -94,9 +96,10 @@ class Worker:
     """A measuring worker (a Ray actor): the job's measurer, made once; CPU jobs compile each
     batch here before timing it. Returns (times, busy seconds, pid) per batch."""
 
-    def __init__(self, compile, measurer, pin_cores: int):
+    def __init__(self, compile, measurer, pin_cores: int, merge=None):
         self.cores, self.locks = claim_cores(pin_cores) if pin_cores else (None, [])
-        self.compile = compile  # None: the batches come compiled (GPU jobs)
+        self.compile = compile  # None: the batches come compiled (GPU jobs) ...
+        self.merge = merge  # ... in pieces, which this makes one
         self.measure = measurer()
 
     def hello(self) -> dict:
@@ -104,10 +107,11 @@ class Worker:
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
                 "cores": self.cores}
 
-    def run(self, batch, built=None) -> tuple[list[float], float, int]:
+    def run(self, batch, *pieces) -> tuple[list[float], float, int]:
+        """Time ``batch``: compiled here (CPU jobs), or from its compiled ``pieces`` (Ray
+        passes each piece's result, an argument of its own)."""
         start = time.perf_counter()
-        if self.compile is not None:
-            built = self.compile(batch)
+        built = self.compile(batch) if self.compile is not None else self.merge(list(pieces))
         times = self.measure(batch, built)
         return list(times), time.perf_counter() - start, os.getpid()
 
@@ -124,7 +128,9 @@ class Flight:
     search: object
     batch: object
     worker: int | None  # None: a compile task
-    built: object = None  # GPU jobs: the compile task's result (an ObjectRef)
+    built: list = field(default_factory=list)  # GPU jobs: the pieces' results (ObjectRefs)
+    left: list = field(default_factory=lambda: [0])  # compile tasks: pieces still compiling,
+    # shared by the batch's pieces (0: every piece in; -1: the kernel was dropped)
 
 
 class RayDriver:
@@ -174,7 +180,7 @@ class RayDriver:
             max_restarts=RESTARTS, max_task_retries=RESTARTS, **self.job.worker_options)
         job = self.job
         compile = job.compile if job.compile_on_worker else None
-        self.workers = [remote.remote(compile, job.measurer, job.pin_cores)
+        self.workers = [remote.remote(compile, job.measurer, job.pin_cores, job.merge)
                         for _ in range(self.n_workers)]
         try:
             hellos = self.ray.get([w.hello.remote() for w in self.workers], timeout=START_S)
@@ -258,8 +264,12 @@ class RayDriver:
         while (self._compiling() < self.compile_slots and len(self.compiled) < backlog
                and (item := self._next())):
             search, batch = item
-            built, busy = self._compile.remote(self.job.compile, batch)
-            self.flights[busy] = Flight(search, batch, None, built)
+            pieces = self.job.split(batch)
+            built, left = [], [len(pieces)]
+            for piece in pieces:
+                ref, busy = self._compile.remote(self.job.compile, piece)
+                built.append(ref)
+                self.flights[busy] = Flight(search, batch, None, built, left)
 
     def _free_worker(self) -> int | None:
         free = [w for w in range(self.n_workers) if self.alive[w] and self.load[w] < DEPTH]
@@ -268,19 +278,25 @@ class RayDriver:
     def _compiling(self) -> int:
         return sum(1 for f in self.flights.values() if f.worker is None)
 
-    def _submit_run(self, w: int, search, batch, built=None) -> None:
-        ref = self.workers[w].run.remote(batch, built)
+    def _submit_run(self, w: int, search, batch, built=()) -> None:
+        ref = self.workers[w].run.remote(batch, *built)
         self.flights[ref] = Flight(search, batch, w, built)
         self.load[w] += 1
 
     def _take(self, ref) -> None:
         fl = self.flights.pop(ref)
-        if fl.worker is None:  # a compile task ended
+        if fl.worker is None:  # a compile task (a piece of a batch) ended
             try:
                 self.report.compile_busy_s += self.ray.get(ref)
             except self.ray.exceptions.RayError as e:
-                return self._drop(fl, e)
-            self.compiled.append((fl.search, fl.batch, fl.built))
+                if fl.left[0] > 0:  # the batch's first failed piece drops the kernel
+                    fl.left[0] = -1
+                    self._drop(fl, e)
+                return
+            if fl.left[0] > 0:
+                fl.left[0] -= 1
+                if fl.left[0] == 0:
+                    self.compiled.append((fl.search, fl.batch, fl.built))
             return
         self.load[fl.worker] -= 1
         try:

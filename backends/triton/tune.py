@@ -373,9 +373,11 @@ class DeviceMeasurer:
 
 # ---- tolerant parallel compiles ---------------------------------------------------------------
 
-def compile_tolerant(functions: list[TritonFunction], tgt, jobs: int | None = None) -> dict:
-    """Name -> Binary for every function that compiles (worker processes: this one may hold a
-    CUDA context, which must not be forked)."""
+def compile_tolerant(functions: list[TritonFunction], tgt, jobs: int | None = None,
+                     here: bool = False) -> dict:
+    """Name -> Binary for every function that compiles: in worker processes (this one may hold
+    a CUDA context, which must not be forked), or ``here`` (a process that never holds one,
+    such as a Ray compile task: no interpreter start and Triton import per call)."""
     import os
 
     from .toolchain import Binary, _spec, gpu_target, triton_version
@@ -383,6 +385,8 @@ def compile_tolerant(functions: list[TritonFunction], tgt, jobs: int | None = No
     source = TritonRenderer.module(functions)
     specs = [_spec(f) for f in functions]
     target = gpu_target(tgt)
+    if here:
+        return compile_each(source, specs, target, tgt.name)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(specs)))
     procs = []
     for k in range(jobs):
@@ -402,16 +406,20 @@ def compile_tolerant(functions: list[TritonFunction], tgt, jobs: int | None = No
     return out
 
 
-def _worker() -> None:
-    """Compile each pickled spec on its own; skip those that fail (too many resources ...)."""
+def compile_each(source: str, specs: list, target, name: str) -> dict:
+    """Compile each spec on its own; skip those that fail (too many resources ...)."""
     from .toolchain import _compile_specs
-    source, specs, target, name = pickle.loads(sys.stdin.buffer.read())
     result = {}
     for spec in specs:
         try:
             result.update(_compile_specs(source, [spec], target, name))
         except CompileError:
             continue
+    return result
+
+
+def _worker() -> None:
+    result = compile_each(*pickle.loads(sys.stdin.buffer.read()))
     sys.stdout.buffer.write(pickle.dumps({k: dataclasses.asdict(b) for k, b in result.items()}))
 
 
