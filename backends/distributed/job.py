@@ -217,10 +217,11 @@ def describe(report: TuneReport, where: str) -> list[str]:
         lines.append(f"  workers: {report.workers} on {report.nodes} node(s), utilisation "
                      f"{report.utilisation():.0%} (busy {report.busy_s:.1f} s of "
                      f"{report.workers} x {report.wall_s:.1f} s)")
-    if report.compile_slots:
-        util = report.compile_busy_s / (report.compile_slots * report.wall_s) \
-            if report.wall_s else 0.0
-        lines.append(f"  compile pool: {report.compile_slots} slots, utilisation {util:.0%}")
+    if report.compile_slots:  # it compiles from the start, while the workers start too
+        span = report.wall_s + report.startup_s
+        util = report.compile_busy_s / (report.compile_slots * span) if span else 0.0
+        lines.append(f"  compile pool: {report.compile_slots} slots, utilisation {util:.0%} "
+                     "(from the start, the workers' start included)")
     if report.restarts or report.resubmitted or report.failed:
         lines.append(f"  faults: {report.restarts} worker restart(s) (their task retried), "
                      f"{report.resubmitted} task(s) resubmitted to another worker, "

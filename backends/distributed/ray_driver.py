@@ -182,14 +182,19 @@ class RayDriver:
         compile = job.compile if job.compile_on_worker else None
         self.workers = [remote.remote(compile, job.measurer, job.pin_cores, job.merge)
                         for _ in range(self.n_workers)]
+        self.alive = [True] * self.n_workers
+        self.load = [0] * self.n_workers
+        hello = [w.hello.remote() for w in self.workers]
+        if not job.compile_on_worker:  # the pool compiles while the workers start
+            self._compile = self.ray.remote(compile_task).options(
+                num_cpus=1, num_returns=2, max_retries=RESTARTS)
+            self._fill_compiles()
         try:
-            hellos = self.ray.get([w.hello.remote() for w in self.workers], timeout=START_S)
+            hellos = self.ray.get(hello, timeout=START_S)
         except self.ray.exceptions.GetTimeoutError:
             raise DeployError(f"tuning on Ray: the workers did not start in {START_S:.0f} s "
                               "(`ray status` shows what the cluster has)") from None
         self.pids = [h["pid"] for h in hellos]
-        self.alive = [True] * self.n_workers
-        self.load = [0] * self.n_workers
         self.report.workers, self.report.nodes = self.n_workers, len({h["node"] for h in hellos})
         self.report.compile_slots = self.compile_slots
         pinned = [h["cores"] for h in hellos]
@@ -200,17 +205,14 @@ class RayDriver:
                  + f"; {self.total} kernels to tune"
                  + (f" ({self.job.skipped} already in the database)" if self.job.skipped
                     else ""))
-        if not self.job.compile_on_worker:
-            self._compile = self.ray.remote(compile_task).options(
-                num_cpus=1, num_returns=2, max_retries=RESTARTS)
 
     # ---- the loop ---------------------------------------------------------------------------
 
     def run(self) -> TuneReport:
+        self.deadline = time.time() + self.budget_s
         self._start_workers()
         t0 = time.time()
         self.report.startup_s = t0 - self.started
-        self.deadline = t0 + self.budget_s
         next_status = t0 + STATUS_EVERY
         try:
             while True:
@@ -260,6 +262,11 @@ class RayDriver:
             return
         while self.compiled and (w := self._free_worker()) is not None:
             self._submit_run(w, *self.compiled.popleft())
+        self._fill_compiles()
+
+    def _fill_compiles(self) -> None:
+        """GPU jobs: the next batches' compile tasks, while the pool has free slots and the
+        compiled backlog is short."""
         backlog = DEPTH * sum(self.alive)
         while (self._compiling() < self.compile_slots and len(self.compiled) < backlog
                and (item := self._next())):
