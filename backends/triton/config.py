@@ -337,7 +337,8 @@ def _tuned_gemm(tuned: dict | None, target, half: bool) -> GemmConfig | None:
 def gemm_space(m: int, n: int, k: int, target=None, half: bool = False, tf32: bool = False,
                batch: int = 1, limit: int = 12) -> list[GemmConfig]:
     """The default first; then its pipeline one stage shallower and deeper; the cost model's
-    next-best tile shapes; BK and warps varied on the two best shapes: at most ``limit``."""
+    next-best tile shapes; BK and warps varied on the two best shapes; then, for wider searches,
+    BK, warps and stages crossed on the three best shapes: at most ``limit``."""
     base = gemm_config(m, n, k, target, half, tf32, batch)
     if base is None:
         return []
@@ -376,7 +377,27 @@ def gemm_space(m: int, n: int, k: int, target=None, half: bool = False, tf32: bo
         for w in (c.num_warps * 2, c.num_warps // 2):
             if 1 <= w <= 8:
                 add(split(_complete(bm, bn, k, target, half, tc, warps=w)))
+    if len(out) < limit:  # wider searches (the full level): cross them on the best shapes
+        for bm, bn in [(base.bm, base.bn)] + shapes[:2]:
+            for c in _crossed(bm, bn, k, target, half, tc):
+                add(split(c))
     return out[:limit]
+
+
+def _crossed(bm: int, bn: int, k: int, target, half: bool, tc: bool) -> list[GemmConfig]:
+    """A tile shape's configurations with BK halved / doubled, warps halved / doubled and the
+    pipeline one stage shallower / deeper, crossed (the default's values first)."""
+    c = _complete(bm, bn, k, target, half, tc)
+    out = []
+    for bk in (c.bk, c.bk * 2, c.bk // 2):
+        for w in (c.num_warps, c.num_warps * 2, c.num_warps // 2):
+            if not (16 <= bk <= max(16, pow2(k)) and 1 <= w <= 8):
+                continue
+            d = _complete(bm, bn, k, target, half, tc, bk=bk, warps=w)
+            stages = (d.num_stages,) if _amd(target) else (d.num_stages, d.num_stages - 1,
+                                                           d.num_stages + 1)
+            out += [dataclasses.replace(d, num_stages=s) for s in stages if 2 <= s <= 5]
+    return out
 
 
 def describe(cfg: LaunchConfig) -> str:

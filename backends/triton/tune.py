@@ -36,7 +36,7 @@ from .config import LaunchConfig, describe, gemm_space, reduction_space
 from .fuse import fuse_stages
 from .render import TritonFunction, TritonRenderer, _numel, _reduce_extent
 
-LEVEL_LIMITS = {"quick": 6, "full": 12}  # candidates per stage, default included
+LEVEL_LIMITS = {"quick": 6, "full": 32}  # candidates per stage, default included
 FLUSH_BYTES = 256 << 20
 WARMUP, REPEATS = 2, 10
 
