@@ -64,21 +64,17 @@ def build_gpu(kernels: list[Kernel], tgt, codegen_of, sizes: SizeParams,
     progress = progress or Progress()
     plans, unique, info, scratch = {}, {}, [], 0
     used: dict[str, Codegen] = {}
+    rendered: dict[tuple, list] = {}  # a model's repeated blocks render once
     warp = tgt.warp_size or 32
     for n, k in enumerate(kernels):
         progress.count("render", n, len(kernels))
         codegen = used.setdefault(codegen_of(k).name, codegen_of(k))
         fused = codegen.prepare(k, (constants or {}).get(k.name))
-        variants = []  # (size point or None, functions): configurations for size classes
-        for point in variant_points(fused):
-            named = fused if not variants else dataclasses.replace(
-                fused, name=f"{fused.name}_v{len(variants)}")
-            with _hints(point):
-                fns = [_shared(f, unique) for f in codegen.render(named,
-                                                                  (tuned or {}).get(k.name))]
-            variants.append((point, fns))  # equal ones share their functions (_shared)
-        if len({_names(fns) for _, fns in variants}) == 1:
-            variants = variants[:1]
+        mine = (tuned or {}).get(k.name)
+        key = (codegen.name, fused.structural_hash(), repr(mine))
+        if key not in rendered:
+            rendered[key] = _variants(fused, codegen, mine, unique)
+        variants = rendered[key]
         temps, temp_bytes = _temp_layout(fused, [fns for _, fns in variants])
         plan = {"launches": [_launch(f, fused, temps, warp) for f in variants[0][1]],
                 "temp_bytes": size_json(temp_bytes)}
@@ -117,6 +113,21 @@ def build_gpu(kernels: list[Kernel], tgt, codegen_of, sizes: SizeParams,
     if "triton" in used:
         gpu["source"] = used["triton"].source_member
     return members, info, {"gpu": gpu, "binaries": binaries}
+
+
+def _variants(fused: Kernel, codegen: Codegen, tuned: dict | None, unique: dict) -> list:
+    """(size point or None, functions) per size class of ``fused``; one when every class
+    runs the same functions."""
+    variants = []
+    for point in variant_points(fused):
+        named = fused if not variants else dataclasses.replace(
+            fused, name=f"{fused.name}_v{len(variants)}")
+        with _hints(point):
+            fns = [_shared(f, unique) for f in codegen.render(named, tuned)]
+        variants.append((point, fns))  # equal ones share their functions (_shared)
+    if len({_names(fns) for _, fns in variants}) == 1:
+        variants = variants[:1]
+    return variants
 
 
 def _binary_members(compiled: dict[str, Binary], tgt, members: dict) -> list[dict]:
