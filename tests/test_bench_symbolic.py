@@ -141,3 +141,13 @@ def test_shape_computations_counts_size_subgraph():
     assert got["consumers"] == {"Reshape": 1} and got["reshape_wildcards"] == 1
     assert got["histogram"]["Reshape"] == 2
     assert models.graph_input_dims(helper.make_model(graph)) == {"x": ["batch", 4]}
+
+
+@pytest.mark.slow
+def test_compile_time_bench_compiles_cold_in_fresh_processes(capsys):
+    pytest.importorskip("triton")
+    from deploy.bench import compile_time
+    assert compile_time.main(["bert_base", "--tiny", "--reps", "1"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split("|")
+    sym, static = float(row[2]), float(row[3].split()[0])
+    assert sym > 0 and static > 0 and "32x128" in row[3]
