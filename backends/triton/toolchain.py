@@ -66,40 +66,74 @@ PARALLEL_MIN = 8  # functions below which worker processes cost more than they s
 def compile_functions(functions: list[TritonFunction], source: str, tgt,
                       jobs: int | None = None) -> dict[str, Binary]:
     """AOT-compile every function of ``source`` (the module text) for ``tgt``; many functions
-    are split among worker processes (``python -m`` this module: no fork of a process that may
-    hold torch or triton state, no re-run of the caller's script)."""
+    are shared among worker processes (``python -m`` this module: no fork of a process that may
+    hold torch or triton state, no re-run of the caller's script). Each worker claims the next
+    function as it finishes one (a counter file under a lock), heaviest templates first, so a
+    few slow GEMMs do not leave the other workers idle at the end."""
     triton_version()
     target = gpu_target(tgt)
-    specs = [_spec(f) for f in functions]
+    specs = sorted((_spec(f) for f in functions), key=_weight)
     jobs = min(jobs or os.cpu_count() or 1, len(specs))
     if jobs <= 1 or len(specs) < PARALLEL_MIN:
         return _compile_specs(source, specs, target, tgt.name)
-    procs = []
-    for k in range(jobs):
-        p = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        p.stdin.write(pickle.dumps((source, specs[k::jobs], target, tgt.name)))
-        p.stdin.close()
-        procs.append(p)
-    out: dict[str, Binary] = {}
-    failures = []
-    for p in procs:
-        data, err = p.stdout.read(), p.stderr.read()
-        p.wait()
-        if p.returncode != 0:
-            failures.append(err.decode(errors="replace").strip()[-4000:])
-            continue
-        out.update({name: Binary(**fields) for name, fields in pickle.loads(data).items()})
+    with tempfile.TemporaryDirectory(prefix="deploy-claims-") as tmp:
+        counter = os.path.join(tmp, "next")
+        Path(counter).write_text("0")
+        procs = []
+        for _ in range(jobs):
+            p = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            p.stdin.write(pickle.dumps((source, specs, target, tgt.name, counter)))
+            p.stdin.close()
+            procs.append(p)
+        out: dict[str, Binary] = {}
+        failures = []
+        for p in procs:
+            data, err = p.stdout.read(), p.stderr.read()
+            p.wait()
+            if p.returncode != 0:
+                failures.append(err.decode(errors="replace").strip()[-4000:])
+                continue
+            out.update({name: Binary(**fields) for name, fields in pickle.loads(data).items()})
     if failures:
         raise CompileError(failures[0])
     return out
 
 
+HEAVY = {"attention": 0, "gemm": 1}  # templates that compile slowest, started first
+
+
+def _weight(spec: dict) -> tuple[int, int]:
+    return HEAVY.get(spec["template"], len(HEAVY)), -spec["num_stages"] * spec["num_warps"]
+
+
+def _claims(counter: str, count: int):
+    """Indices ``0 .. count-1``, each given to exactly one of the processes sharing
+    ``counter`` (read and advanced under an exclusive lock)."""
+    import fcntl
+    with open(counter, "r+") as f:
+        while True:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                f.seek(0)
+                i = int(f.read() or 0)
+                f.seek(0)
+                f.write(str(i + 1))
+                f.truncate()
+                f.flush()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+            if i >= count:
+                return
+            yield i
+
+
 def _worker() -> None:
-    """Compile the specs pickled on stdin; pickle {name: Binary fields} to stdout."""
-    source, specs, target, name = pickle.loads(sys.stdin.buffer.read())
+    """Compile the specs this process claims (pickled on stdin with the counter's path);
+    pickle {name: Binary fields} to stdout."""
+    source, specs, target, name, counter = pickle.loads(sys.stdin.buffer.read())
     try:
-        result = _compile_specs(source, specs, target, name)
+        result = _compile_specs(source, specs, target, name, _claims(counter, len(specs)))
     except CompileError as e:
         sys.stderr.write(str(e))
         sys.exit(3)
@@ -112,14 +146,16 @@ def _spec(f: TritonFunction) -> dict:
             "template": f.template, "source": f.source}
 
 
-def _compile_specs(source: str, specs: list[dict], target, target_name: str) -> dict[str, Binary]:
+def _compile_specs(source: str, specs: list[dict], target, target_name: str,
+                   order=None) -> dict[str, Binary]:
+    """Compile ``specs`` (those at the indices ``order`` yields: all by default)."""
     import triton
     from triton.compiler import ASTSource
     out: dict[str, Binary] = {}
     with tempfile.TemporaryDirectory(prefix="deploy-triton-") as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = load_source(source, Path(tmp))
-        for f in specs:
+        for f in (specs[i] for i in order) if order is not None else specs:
             attrs = {(k,): [["tt.divisibility", 16]] for k in range(f["nargs"])}
             src = ASTSource(getattr(module, f["name"]), f["signature"], f["constexprs"], attrs)
             try:
