@@ -58,3 +58,22 @@ def test_probabilities_read_elsewhere_keep_the_generic_stages():
     model = attention_model(1, 2, 8, 8, 16, probs_out=True)
     art = compiled(model, qkv(1, 2, 8, 8, 16))
     assert templated(art) == 0
+
+
+def test_run_time_causal_mask_skips_trailing_keys(tmp_path):
+    # a causal mask that is an input (as symbolic sizes leave GPT-2's: computed as the plan
+    # runs) is checked per row in the kernel; the rows below must not skip: row 0 masks every
+    # key, row 3's last unmasked key is neither masked nor kept (-25000), row 5 keeps its keys
+    b, h, s, d = 1, 2, 19, 16
+    mask = np.where(np.arange(s)[None, :] <= np.arange(s)[:, None], 0.0, NEG).astype(np.float32)
+    mask[0] = NEG
+    mask[3, 4] = -25000.0
+    mask[5] = 0.0
+    x = dict(qkv(b, h, s, s, d), mask=mask[None, None])
+    dump = tmp_path / "dump"
+    art = deploy.compile(attention_model(b, h, s, s, d, mask=(b, 1, s, s)), target="host",
+                         dump_dir=str(dump))
+    ours, ref = art.load().run(x), run_ort(attention_model(b, h, s, s, d, mask=(b, 1, s, s)), x)
+    np.testing.assert_allclose(ours[0], ref[0], rtol=1e-4, atol=1e-5)
+    assert templated(art) == 1
+    assert "if (!masked_) break;" in (dump / "kernels.c").read_text()

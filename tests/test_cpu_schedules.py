@@ -99,3 +99,24 @@ def test_vector_dot_vector_gives_a_scalar():
     model = make_model(nodes, [("x", np.float32, [40]), ("v", np.float32, [40])],
                        [("y", np.float32, [])])
     check_against_ort(model, {"x": _w(40), "v": _w(40)}, rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_rows_leftover_runs_as_power_of_two_tiles(tmp_path):
+    # rows = a symbolic size: the rows past the last full mr-row tile run as one tile of each
+    # power of two below mr that fits (128 % 6 = 2 rows in one tile, not two tiles of one)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
+    w = _w(96, 80)
+    model = make_model(nodes, [("x", np.float32, ["n", 96])], [("y", np.float32, ["n", 80])],
+                       {"W": w})
+    dump = tmp_path / "dump"
+    art = deploy.compile(model, target="host", dump_dir=str(dump))
+    (tile,) = [s["gemm_tile"] for k in art.manifest["kernels"] for s in k["schedule"]
+               if "gemm_tile" in s]
+    assert tile["mr"] > 1
+    src = (dump / "kernels.c").read_text()
+    assert "it_r_ += 1;" in src and ("it_r_ += 2;" in src) == (tile["mr"] > 2)
+    mod = art.load()
+    for n in range(1, 2 * tile["mr"] + 2):  # every leftover, with and without full tiles
+        x = _w(n, 96)
+        np.testing.assert_allclose(mod.run({"x": x})[0], x @ w, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"n={n}")

@@ -12,7 +12,9 @@ One pass per (batch x head) row ``o``, the rows shared among threads:
 so the score matrix is a few rows in cache, never a tensor in memory, and both products are
 register tiles (a block of query rows x vectors of keys, then x vectors of value channels) in
 which every k or v vector loaded feeds one FMA per row. With a causal spec the keys past
-``i + offset`` are skipped (their probabilities are exactly 0).
+``i + offset`` are skipped (their probabilities are exactly 0); where the logits read a mask no
+constant proves causal (one computed as the plan runs), each row's trailing masked keys are
+found in the kernel by the same rule and skipped.
 """
 from __future__ import annotations
 
@@ -21,9 +23,11 @@ from ...graph_ir.types import DType
 from ...tensor_ir.attention import (
     ACC,
     KD,
+    KEPT,
     KJ,
     LI,
     LJ,
+    MASKED,
     OC,
     OI,
     QD,
@@ -33,7 +37,7 @@ from ...tensor_ir.attention import (
     VJ,
     AttentionStage,
 )
-from ...tensor_ir.expr import Var, substitute
+from ...tensor_ir.expr import Load, Var, substitute, walk
 from .sizes import c_size
 
 VL = 16  # floats per vector (dp_f32x16)
@@ -117,14 +121,45 @@ def _rows(r, st: AttentionStage, skp: int, dvp: int, rb: int, out_ident: str,
     """``rb`` query rows from i0_: scores, softmax, p @ v, store."""
     sp = st.spec
     lines = [f"{ind}int64_t hi_[{rb}]; int64_t hmax_ = 0;"]
+    scan = sp.causal_offset is None and any(isinstance(x, Load) for x in walk(sp.logits))
     for k in range(rb):
         hi = c_size(sp.sk)
         if sp.causal_offset is not None:
             end = f"{_row_of(k, sp.sq)} + {sp.causal_offset + 1}"
             hi = f"({end} < {hi} ? {end} : {hi})"
-        lines.append(f"{ind}hi_[{k}] = {hi}; hmax_ = hi_[{k}] > hmax_ ? hi_[{k}] : hmax_;")
+        if scan:
+            lines += _masked_tail(r, sp, k, ind)
+            hi = "e_"
+        lines.append(f"{ind}hi_[{k}] = {hi}; hmax_ = hi_[{k}] > hmax_ ? hi_[{k}] : hmax_;"
+                     + ("}" if scan else ""))
     return (lines + _scores(r, sp, skp, rb, ind) + _softmax(r, sp, skp, rb, ind)
             + _pv(skp, dvp, rb, ind) + _store(r, st, rb, out_ident, ind))
+
+
+def _masked_tail(r, sp, k: int, ind: str) -> list[str]:
+    """Opens a block holding ``e_``: row k's keys past the last one its mask keeps are skipped,
+    checked as the run goes where no constant proves the mask causal (a mask computed at run
+    time, as symbolic sizes leave it). By the causal analysis' rule
+    (``tensor_ir/attention.py``): the logits at scores -1e4, 0 and 1e4 all <= MASKED is a
+    masked key; its exp is exactly 0 when the row keeps a key (all three >= KEPT), so the
+    trailing masked keys are skipped only when the last key not masked is a kept one (a NaN
+    is neither); else every key runs."""
+    pre: list[str] = []
+    f = r.expr(sp.logits, pre, ind + "      ")
+    sk = c_size(sp.sk)
+    return [(f"{ind}{{ int64_t e_ = {sk}; int kept_ = 0; "
+             f"const int64_t {LI.name} = {_row_of(k, sp.sq)};"),
+            f"{ind}  for (; e_ > 0; --e_) {{",
+            f"{ind}    const int64_t {LJ.name} = e_ - 1; int masked_ = 1; kept_ = 1;",
+            f"{ind}    for (int t_ = 0; t_ < 3; ++t_) {{",
+            f"{ind}      const float {QK.name} = t_ == 0 ? -1e4f : t_ == 1 ? 0.0f : 1e4f;",
+            *pre,
+            f"{ind}      const float f_ = {f};",
+            f"{ind}      masked_ &= f_ <= {float(MASKED)!r}f; kept_ &= f_ >= {float(KEPT)!r}f;",
+            f"{ind}    }}",
+            f"{ind}    if (!masked_) break;",
+            f"{ind}  }}",
+            f"{ind}  if (e_ == 0 || !kept_) e_ = {sk};"]
 
 
 def _scores(r, sp, skp: int, rb: int, ind: str) -> list[str]:

@@ -142,6 +142,16 @@ def kernel_symbols(k: Kernel) -> set[str]:
     return out
 
 
+def _pow2_below(n: int) -> list[int]:
+    """Powers of two below ``n``, largest first: tiles that cover any leftover < n, one each."""
+    out = []
+    p = 1
+    while p < n:
+        out.insert(0, p)
+        p *= 2
+    return out
+
+
 class CRenderer:
     """Renders one kernel at a time; keeps counters for fresh C identifiers. ``symbols``: the
     artifact's symbolic sizes in the order of the dims array kernels receive after their
@@ -267,7 +277,7 @@ class CRenderer:
         def nest(order: str, size: dict, ind: str, split: bool = may_split) -> None:
             # full tiles along the first axis of ``order``, then one narrower tile; inside, the
             # same for the next axis: every tile size is a compile-time constant (a symbolic
-            # extent's leftover rows or columns run as tiles of one, in a run-time loop)
+            # extent's leftover rows or columns run as tiles of 4, 2, 1 ..., each if it fits)
             if not order:
                 lines.extend(self._gemm_tile(red, a, b, epi, out, st, tile, ctype, size["i"],
                                              size["j"], ind))
@@ -281,9 +291,15 @@ class CRenderer:
                 nest(order[1:], {**size, order[0]: step}, ind + "  ", split)
                 lines.append(f"{ind}}}")
             if isinstance(rem, Sym):
-                lines.append(f"{ind}for (int64_t {var} = {c_size(full)}; {var} < {c_size(extent)}; "
-                             f"++{var}) {{")
-                nest(order[1:], {**size, order[0]: 1}, ind + "  ", split)
+                # the leftover (< step) as at most one tile of each power of two below step,
+                # largest first: 2 rows of 128 % 6 in one tile, as a fixed extent would
+                cur = f"{var}r_"
+                lines.append(f"{ind}{{ int64_t {cur} = {c_size(full)};")
+                for p in _pow2_below(step):
+                    lines.append(f"{ind}  if ({c_size(extent)} - {cur} >= {p}) "
+                                 f"{{ const int64_t {var} = {cur}; {cur} += {p};")
+                    nest(order[1:], {**size, order[0]: p}, ind + "    ", split)
+                    lines.append(f"{ind}  }}")
                 lines.append(f"{ind}}}")
             elif rem:
                 lines.append(f"{ind}{{ const int64_t {var} = {c_size(full)};")
