@@ -120,3 +120,19 @@ def test_symbolic_rows_leftover_runs_as_power_of_two_tiles(tmp_path):
         x = _w(n, 96)
         np.testing.assert_allclose(mod.run({"x": x})[0], x @ w, rtol=1e-4, atol=1e-4,
                                    err_msg=f"n={n}")
+
+
+def test_symbolic_rows_choose_the_loop_order_at_run_time(tmp_path):
+    # fewer rows than columns: the column panels outside (split among threads, each weight
+    # panel read once), as a fixed row count would get; more rows: the row tiles outside
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
+    w = _w(64, 72)
+    model = make_model(nodes, [("x", np.float32, ["n", 64])], [("y", np.float32, ["n", 72])],
+                       {"W": w})
+    dump = tmp_path / "dump"
+    mod = deploy.compile(model, target="host", dump_dir=str(dump)).load()
+    assert "if (72 > " in (dump / "kernels.c").read_text()
+    for n in (1, 5, 13, 71, 72, 73, 150, 333):
+        x = _w(n, 64)
+        np.testing.assert_allclose(mod.run({"x": x})[0], x @ w, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"n={n}")

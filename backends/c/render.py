@@ -322,6 +322,15 @@ class CRenderer:
                 lines.append(f"{ind}{{ const int64_t it_ = {ei_full};")
                 nest("j", {"i": ei_rem}, ind + "  ", may_split)
                 lines.append(f"{ind}}}")
+        elif isinstance(ei, Sym) and not isinstance(ej, Sym):
+            # symbolic rows: the order a fixed extent would get, chosen at run time (fewer
+            # rows than columns: the column panels outside, split among the threads, each b
+            # panel read once; else the row tiles outside)
+            lines.append(f"{ind}if ({ej} > {c_size(ei)}) {{")
+            nest("ji", {}, ind + "  ")
+            lines.append(f"{ind}}} else {{")
+            nest("ij", {}, ind + "  ")
+            lines.append(f"{ind}}}")
         else:
             # columns outside rows keeps one b panel (reduction x nr) in cache across the row
             # tiles
