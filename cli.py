@@ -257,6 +257,9 @@ def _size_arg(p) -> None:
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
                    help="the size of a symbolic dim for the random inputs (default 1), e.g. "
                         "--dim batch=8 --dim seq=128; repeatable")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU artifacts: threads per run (default $DEPLOY_NUM_THREADS, else "
+                        "every core)")
 
 
 def parse_dims(specs: list[str]) -> dict[str, object]:
@@ -438,7 +441,7 @@ def _lowering_problem(proto, target, shapes) -> str | None:
 
 def cmd_run(args) -> int:
     from .runtime import load
-    mod = load(args.artifact)
+    mod = load(args.artifact, threads=args.threads)
     inputs = _inputs(mod, args.inputs, args.seed, parse_dims(args.dim))
     t0 = time.perf_counter()
     outs = mod.run(inputs)
@@ -564,7 +567,7 @@ def cmd_bench(args) -> int:
     with _progress(args, tick=False) as progress:  # no thread beside the timed calls
         progress.begin("load")
         t0 = time.perf_counter()
-        mod = load(args.artifact)
+        mod = load(args.artifact, threads=args.threads)
         inputs = _inputs(mod, args.inputs, args.seed, parse_dims(args.dim))
         progress.end("load", round(time.perf_counter() - t0, 4))
         results = {"deploy": _time(lambda: mod.run(inputs), args.warmup, args.runs,

@@ -42,14 +42,17 @@ def _lib_dir() -> Path:
 class Module:
     """``deploy.load(path)`` returns one of these."""
 
-    def __init__(self, path, contents=None, manifest: dict | None = None):
+    def __init__(self, path, contents=None, manifest: dict | None = None,
+                 threads: int | None = None):
         contents = contents or read_artifact(path)
         self.path = str(path)
         self.manifest = m = manifest or contents.manifest
         self.input_specs = [TensorSpec.from_json(d) for d in m["inputs"]]
         self.output_specs = [TensorSpec.from_json(d) for d in m["outputs"]]
+        self.threads = thread_count(threads)  # None: OpenMP's default (every core)
         # an artifact of shape variants runs the variant matching the inputs (variants.py)
-        self._variants = [Module(path, contents, v) for v in m.get("variants", [])]
+        self._variants = [Module(path, contents, v, self.threads)
+                          for v in m.get("variants", [])]
         if self._variants:
             return
         self._program = ShapeProgram(m) if m.get("symbols") else None
@@ -74,6 +77,9 @@ class Module:
                      if s["kind"] == "kernel"}
         # one C call runs the whole plan when the artifact has an entry point (no host ops)
         self._entry = self._symbol(m["entry"]) if m.get("entry") and self._lib else None
+        # each run sets the calling thread's OpenMP team size (a per-thread setting in libgomp)
+        self._set_threads = (getattr(self._lib, "omp_set_num_threads", None)
+                             if self.threads and self._lib else None)
         # kernels whose temporaries cannot be allocated stop and say so (backends/c/prelude.h)
         self._failed = self._lib.deploy_failed if m.get("library_status") and self._lib else None
         if self._failed is not None:
@@ -146,6 +152,8 @@ class Module:
             raise DeployError(f"{self.path}: this module was closed; cannot run it")
         arrays = self._exact_inputs(inputs) or validate_inputs(self.input_specs, inputs)
         sig = None if self._program is None else self._signature(arrays)
+        if self._set_threads is not None:
+            self._set_threads(self.threads)
         try:
             ws = pool.pop()
         except IndexError:
@@ -435,17 +443,35 @@ class Workspace:
         self.sig = None  # the Signature the arena slots are laid out for (symbolic sizes)
 
 
-def load(path, device=None, trusted_keys=None) -> Module:
+def load(path, device=None, trusted_keys=None, threads: int | None = None) -> Module:
     """Load an artifact written by ``deploy compile`` (needs no compiler). GPU artifacts get the
     GPU runtime (``device``: its driver, default CUDA). ``trusted_keys``: Ed25519 public keys
     (PEM file paths, PEM bytes or key objects); the artifact must carry a valid signature by
-    one of them (``deploy sign``; needs the ``cryptography`` package)."""
+    one of them (``deploy sign``; needs the ``cryptography`` package). ``threads``: CPU
+    artifacts' threads per run (default ``$DEPLOY_NUM_THREADS``, else every core)."""
     contents = read_artifact(path, trusted_keys)
     if is_gpu_artifact(contents.manifest):
+        thread_count(threads)  # checked, though GPU runs use one host thread
         if contents.manifest.get("symbols"):
             return SymbolicGpuModule(path, contents, device)
         return GpuModule(path, contents, device)
-    return Module(path, contents)
+    return Module(path, contents, threads=threads)
+
+
+def thread_count(threads) -> int | None:
+    """``threads``, else ``$DEPLOY_NUM_THREADS``, as a positive int (None: neither is set)."""
+    where = "threads="
+    if threads is None:
+        threads, where = os.environ.get("DEPLOY_NUM_THREADS") or None, "DEPLOY_NUM_THREADS="
+    if threads is None:
+        return None
+    try:
+        n = int(threads)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1 or isinstance(threads, (bool, float)):
+        raise InputError(f"{where}{threads!r}: expected a positive whole number of threads")
+    return n
 
 
 __all__ = ["InputError", "Module", "load"]

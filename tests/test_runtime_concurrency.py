@@ -173,3 +173,46 @@ def test_eight_threads_at_many_sizes_match_serial_runs(tmp_path):
     finally:
         sys.setswitchinterval(interval)
     assert not errors, errors[0]
+
+
+# ---- threads per run (load(threads=), DEPLOY_NUM_THREADS, --threads) -------------------------
+
+def _team_size(mod) -> int:
+    """The OpenMP team size this thread's next parallel region gets (what run() set)."""
+    return mod._lib.omp_get_max_threads()
+
+
+def test_threads_set_each_runs_team_size_and_keep_the_bits(module, monkeypatch):
+    _, shared = module
+    x = rand(*X)
+    ref = shared.run({"x": x})
+    for n in (1, 2, 3):
+        mod = deploy.load(shared.path, threads=n)
+        outs = mod.run({"x": x})
+        assert mod.threads == n and _team_size(mod) == n
+        for got, want in zip(outs, ref):
+            np.testing.assert_array_equal(got, want)
+    monkeypatch.setenv("DEPLOY_NUM_THREADS", "2")
+    mod = deploy.load(shared.path)
+    mod.run({"x": x})
+    assert mod.threads == 2 and _team_size(mod) == 2
+    assert deploy.load(shared.path, threads=1).threads == 1  # the argument wins
+
+
+@pytest.mark.parametrize("bad", [0, -2, "two", 1.5])
+def test_a_bad_thread_count_is_refused(module, monkeypatch, bad):
+    _, shared = module
+    with pytest.raises(deploy.InputError, match="positive whole number of threads"):
+        deploy.load(shared.path, threads=bad)
+    monkeypatch.setenv("DEPLOY_NUM_THREADS", str(bad))
+    with pytest.raises(deploy.InputError, match="DEPLOY_NUM_THREADS"):
+        deploy.load(shared.path)
+
+
+def test_cli_threads(module, capsys):
+    from deploy.cli import main
+    _, shared = module
+    assert main(["run", shared.path, "--threads", "1"]) == 0
+    assert main(["bench", shared.path, "--threads", "1", "--runs", "3", "--warmup", "1"]) == 0
+    assert main(["run", shared.path, "--threads", "0"]) != 0
+    assert "positive whole number" in capsys.readouterr().err
