@@ -136,3 +136,20 @@ def test_symbolic_rows_choose_the_loop_order_at_run_time(tmp_path):
         x = _w(n, 64)
         np.testing.assert_allclose(mod.run({"x": x})[0], x @ w, rtol=1e-4, atol=1e-4,
                                    err_msg=f"n={n}")
+
+
+def test_row_blocks_share_block_panel_pairs_among_threads(tmp_path):
+    # 6 row blocks would leave most of 16 cores idle: with every column panel full, the
+    # threads split the (row block, column panel) pairs (collapse(2)), results unchanged
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
+    w = _w(1024, 384)  # 384 columns: whole panels at 16, 32, 48 and 64 wide
+    model = make_model(nodes, [("x", np.float32, [400, 1024])], [("y", np.float32, [400, 384])],
+                       {"W": w})
+    dump = tmp_path / "dump"
+    art = deploy.compile(model, target="host", dump_dir=str(dump))
+    (tile,) = [s["gemm_tile"] for k in art.manifest["kernels"] for s in k["schedule"]
+               if "gemm_tile" in s]
+    assert 0 < tile["row_block"] < 400 and 384 % tile["nr"] == 0
+    assert "collapse(2)" in (dump / "kernels.c").read_text()
+    x = _w(400, 1024)
+    np.testing.assert_allclose(art.load().run({"x": x})[0], x @ w, rtol=1e-4, atol=1e-3)

@@ -309,12 +309,19 @@ class CRenderer:
         rb = 0 if isinstance(ei, Sym) else g.row_block
         if rb and not g.cols_outer and ei_full > rb:
             # blocks of rb rows (their a rows stay in cache) outside the column panels, each
-            # panel streamed once per block instead of once per row tile
+            # panel streamed once per block instead of once per row tile; the threads share
+            # the (block, panel) pairs when the panels are all full (a few blocks alone leave
+            # most of 16 cores idle), else the blocks
+            pairs = may_split and not ej_rem
             if may_split:
-                lines.append(f"{ind}#pragma omp parallel for schedule(static)")
+                lines.append(f"{ind}#pragma omp parallel for schedule(static)"
+                             + (" collapse(2)" if pairs else ""))
             lines.append(f"{ind}for (int64_t ib_ = 0; ib_ < {ei_full}; ib_ += {rb}) {{")
-            lines.append(f"{ind}  const int64_t ie_ = ib_ + {rb} < {ei_full} ? ib_ + {rb} : {ei_full};")
-            spans["i"] = ("ib_", "ie_", 0, g.mr, "it_", ei)
+            end = f"(ib_ + {rb} < {ei_full} ? ib_ + {rb} : {ei_full})"
+            if not pairs:  # (collapsed loops take no statement between them)
+                lines.append(f"{ind}  const int64_t ie_ = {end};")
+                end = "ie_"
+            spans["i"] = ("ib_", end, 0, g.mr, "it_", ei)
             nest("ji", {}, ind + "  ", False)
             lines.append(f"{ind}}}")
             if ei_rem:
