@@ -97,6 +97,11 @@ def _add_compile(sub, common) -> None:
     c.add_argument("--precision", choices=["fp32", "tf32"], type=str.lower, default=None,
                    help="float32 GEMMs on GPU targets: fp32 (IEEE, default) or tf32 (TF32 "
                         "tensor cores)")
+    c.add_argument("--max-error", type=float, metavar="E",
+                   help="with --dtype: keep float32 in as few leading layers as needed for the "
+                        "outputs' relative L2 error vs the float32 model (random inputs, "
+                        "measured at compile time) to stay <= E, e.g. 1e-3; `deploy inspect` "
+                        "lists them")
     c.add_argument("--check-precision", action=argparse.BooleanOptionalAction, default=None,
                    help="with --dtype: measure the error against the float32 model on random "
                         "inputs at compile time (default: when interpreting the model costs at "
@@ -319,6 +324,8 @@ def _compile_and_report(args, tune: str, out: Path | None) -> None:
     precision = {k: v for k in ("dtype", "precision", "gpu_codegen", "max_memory", "ray",
                                 "tune_workers", "tune_cores", "tune_reference")
                  if (v := getattr(args, k, None))}
+    if getattr(args, "max_error", None) is not None:
+        precision["max_error"] = args.max_error
     if getattr(args, "check_precision", None) is not None:
         precision["check_precision"] = args.check_precision
     with warnings.catch_warnings(), _progress(args) as progress:
@@ -354,6 +361,16 @@ def _save(art, out: Path, progress: Progress) -> Path:
     return path
 
 
+def _guard_str(g: dict, dtype: str) -> str:
+    """The --max-error guard's choice: which layers kept float32, the rest in ``dtype``."""
+    kept = g.get("fp32_layers", [])
+    head = (f"max error {g['max_error']:g}: {len(kept)} of {g['layers']} layers float32, the "
+            f"rest {dtype} (emulated error {g['error']:.2g}"
+            + ("" if g.get("met", True) else ", over the bound even with every layer float32")
+            + ")")
+    return head + "".join(f"\n    fp32: {name}" for name in kept)
+
+
 def _precision_str(p: dict) -> str:
     """``fp16, rel L2 vs fp32: y 3.1e-04`` (with a warning per output over the tolerance)."""
     parts = [p.get("dtype", "fp32")]
@@ -365,6 +382,8 @@ def _precision_str(p: dict) -> str:
     elif str(p.get("check", "")).startswith(("skipped", "failed")):
         parts.append(f"error check {p['check']}")
     text = ", ".join(parts)
+    if p.get("guard"):
+        text += "\n  " + _guard_str(p["guard"], p.get("dtype", "half"))
     for name in p.get("over", []):
         text += (f"\n  WARNING: output '{name}' is off by {p['rel_l2'][name]:.2g} relative L2 "
                  f"(> {p.get('tolerance', 1e-2):g}): check it on your data, or compile without "

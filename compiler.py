@@ -30,7 +30,7 @@ from .graph_ir import sym
 from .graph_ir.graph import Graph, Node, Value
 from .graph_ir.interpreter import interpret
 from .graph_ir.ops import Kind, movement, signal
-from .graph_ir.passes import precision, run_pipeline
+from .graph_ir.passes import precision, precision_guard, run_pipeline
 from .graph_ir.printer import print_graph
 from .graph_ir.sym import Sym, dim_json, free_symbols
 from .graph_ir.verify import check_symbol_order
@@ -214,7 +214,8 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
                                  options.get("bind"))
     _check_symbolic_backend(graph, backend)
     reference = graph  # the model's own precision, for the --dtype error check
-    if _graph_symbols(graph) and half is not None and backend.runs_here:
+    bound = _max_error(options.get("max_error"), half)
+    if _graph_symbols(graph) and half is not None and (backend.runs_here or bound):
         # checked at small fixed sizes (a GPU's symbolic artifact is not emulated: no second
         # import, which took 5 of a symbolic BERT's 33 s)
         fixed = {s: max(sym.context().ranges.get(s, (1, None))[0], CHECK_SIZE)
@@ -226,7 +227,9 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         (dump / "00-import.txt").write_text(print_graph(graph))
-    graph, pass_stats = run_pipeline(graph, tgt, dump, {"dtype": half})
+    guard = precision_guard.choose(reference, half, bound, tgt) if bound else None
+    graph, pass_stats = run_pipeline(graph, tgt, dump,
+                                     {"dtype": half, "keep_fp32": guard.keep if guard else ()})
     lap("optimize", "lower")
     backend.check_graph(graph)
     plan = _plan(graph)
@@ -262,8 +265,10 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
     art = Artifact(manifest, members, graph, timings)
     if half is not None or backend.kind == "gpu":
         progress.begin("check")
+        check = options.get("check_precision")
         manifest["precision"] = _precision_record(art, reference, backend, half, tf32,
-                                                  options.get("check_precision"))
+                                                  True if check is None and bound else check,
+                                                  guard, bound)
         lap("check")
     manifest["compile_seconds"] = timings
     return art
@@ -314,18 +319,42 @@ def _precision_settings(tgt: Target, backend: Backend, options: dict):
 PRECISION_CHECK_LIMIT = 3e10
 
 
+def _max_error(value, half) -> float | None:
+    """``max_error`` checked: a positive number, and only with a half-precision ``dtype``."""
+    if value is None:
+        return None
+    try:
+        bound = float(value)
+    except (TypeError, ValueError):
+        bound = -1.0
+    if not bound > 0 or isinstance(value, bool):
+        raise UsageError(f"max_error={value!r}: expected a positive relative L2 error, e.g. "
+                         "1e-3")
+    if half is None:
+        raise UsageError("max_error needs dtype fp16 or bf16 (it chooses the layers that keep "
+                         "float32 in a half-precision build)")
+    return bound
+
+
 def _precision_record(art: Artifact, reference: Graph, backend: Backend, half, tf32: bool,
-                      check: bool | None) -> dict:
-    """The manifest's ``precision``: the compute dtype, the fp32 GEMM mode on GPUs and, for
-    --dtype, the relative L2 error of every output against the float32 model on seeded random
-    inputs (run through the artifact on CPU targets, emulated for GPU targets). ``check``: None
-    checks when interpreting costs at most PRECISION_CHECK_LIMIT multiply-adds, True always,
-    False never."""
+                      check: bool | None, guard=None, bound: float | None = None) -> dict:
+    """The manifest's ``precision``: the compute dtype, the fp32 GEMM mode on GPUs, the
+    ``--max-error`` guard's choice and, for --dtype, the relative L2 error of every output
+    against the float32 model on seeded random inputs (run through the artifact on CPU targets,
+    emulated for GPU targets; the tolerance is the guard's bound when there is one). ``check``:
+    None checks when interpreting costs at most PRECISION_CHECK_LIMIT multiply-adds, True
+    always, False never."""
     rec: dict = {"dtype": "fp32" if half is None else {"float16": "fp16"}.get(half.name, "bf16")}
     if backend.tf32:
         rec["fp32_gemm"] = "tf32" if tf32 else "ieee"
     if half is None:
         return rec
+    if guard is not None:
+        rec["guard"] = guard.record(bound)
+        if not guard.error <= bound:
+            warnings.warn(f"--max-error {bound:g}: even with every layer in float32 the "
+                          f"emulated error is {guard.error:.3g}; the artifact keeps every layer "
+                          "in float32", RuntimeWarning, stacklevel=3)
     if check is not False and not backend.runs_here and _graph_symbols(art.graph):
         rec["check"] = ("skipped: symbolic sizes are not emulated; check on the device with "
                         "`deploy run --check`")
@@ -344,7 +373,7 @@ def _precision_record(art: Artifact, reference: Graph, backend: Backend, half, t
     except Exception as e:  # noqa: BLE001  (a diagnostic: it never fails the compile)
         rec["check"] = f"failed: {type(e).__name__}: {e}"
         return rec
-    rec.update(precision.compare(reference.output_names, ours, ref), seed=0,
+    rec.update(precision.compare(reference.output_names, ours, ref, bound), seed=0,
                check="artifact" if backend.runs_here else "emulated")
     for name in rec["over"]:
         warnings.warn(f"--dtype {rec['dtype']}: output '{name}' differs from the float32 model "

@@ -229,3 +229,64 @@ def test_precision_tf32_switches_the_triton_dot():
     assert "input_precision='ieee'" in ieee[0] and "tf32" not in ieee[0] and ieee[1] == "ieee"
     assert "input_precision='tf32'" in tf32[0] and tf32[1] == "tf32"
     assert alias == tf32
+
+
+# ---- the accuracy guard: --max-error ----------------------------------------------------------
+
+def _amplifying_mlp(rng, layers=5):
+    """Tanh layers, then a linear one with large weights."""
+    nodes, inits, x = [], {}, "x"
+    for i in range(layers):
+        scale = 4.0 if i == layers - 1 else 0.125
+        inits[f"w{i}"] = (rng.standard_normal((64, 64)) * scale).astype(np.float32)
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"mm{i}"))
+        if i < layers - 1:
+            nodes.append(helper.make_node("Tanh", [f"h{i}"], [f"t{i}"], name=f"tanh{i}"))
+        x = f"t{i}" if i < layers - 1 else f"h{i}"
+    return make_model(nodes, [("x", np.float32, [16, 64])], [(x, np.float32, [16, 64])], inits)
+
+
+def test_max_error_keeps_the_fewest_sensitive_layers_in_fp32():
+    model = _amplifying_mlp(np.random.default_rng(3))
+    loose = deploy.compile(model, dtype="bf16", max_error=1.0).manifest["precision"]["guard"]
+    assert loose["fp32_layers"] == [] and loose["layers"] == 5
+    all_half = loose["error"]
+    bound = all_half / 2
+    art = deploy.compile(model, dtype="bf16", max_error=bound)
+    guard = art.manifest["precision"]["guard"]
+    assert guard["met"] and guard["error"] <= bound
+    assert 0 < len(guard["fp32_layers"]) < 5
+    x = np.random.default_rng(9).standard_normal((16, 64)).astype(np.float32)  # fresh inputs
+    ours, ref = art.load().run({"x": x})[0], run_ort(model, {"x": x})[0]
+    assert _rel_l2(ours, ref) <= 2 * bound  # other random inputs: the bound, within noise
+    half_ours = deploy.compile(model, dtype="bf16").load().run({"x": x})[0]
+    assert _rel_l2(ours, ref) < _rel_l2(half_ours, ref)
+
+
+def test_an_unreachable_bound_keeps_every_layer_and_warns():
+    model = _amplifying_mlp(np.random.default_rng(4))
+    with pytest.warns(RuntimeWarning):
+        art = deploy.compile(model, dtype="fp16", max_error=1e-12)
+    guard = art.manifest["precision"]["guard"]
+    assert guard["fp32_layers"] == [f"mm{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"max_error": 1e-3}, "needs dtype fp16 or bf16"),
+    ({"dtype": "fp16", "max_error": -1}, "positive relative L2"),
+    ({"dtype": "fp16", "max_error": "tiny"}, "positive relative L2")])
+def test_bad_max_error_is_a_clear_error(options, match):
+    with pytest.raises(UsageError, match=match):
+        deploy.compile(_amplifying_mlp(np.random.default_rng(5)), **options)
+
+
+def test_cli_max_error_and_inspect_list_the_fp32_layers(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_amplifying_mlp(np.random.default_rng(3)).SerializeToString())
+    out = tmp_path / "m.dpk"
+    assert cli.main(["compile", str(path), "--dtype", "bf16", "--max-error", "0.002", "-o",
+                     str(out), "-q"]) == 0
+    assert cli.main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "max error 0.002:" in text and "layers float32, the rest bf16" in text
+    assert "fp32: mm" in text

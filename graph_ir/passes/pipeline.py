@@ -34,7 +34,7 @@ PIPELINE = [
     ("precision", convert_precision),  # --dtype fp16/bf16: half compute, fp32 where sensitive
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
-PASS_OPTIONS = {"precision": ("dtype",)}  # pass name -> compile options it takes
+PASS_OPTIONS = {"precision": ("dtype", "keep_fp32")}  # pass -> compile options it takes
 
 
 def run_pipeline(g: Graph, target, dump: Path | None = None,

@@ -88,10 +88,12 @@ def policy(node: Node) -> Policy:
 
 
 class _Converter:
-    """Rebuilds the graph node by node; ``cur[v]`` is the value now standing for original ``v``."""
+    """Rebuilds the graph node by node; ``cur[v]`` is the value now standing for original ``v``.
+    ``keep``: names of nodes kept in float32 whatever their policy (the ``--max-error`` guard's
+    choice, ``precision_guard.py``)."""
 
-    def __init__(self, g: Graph, half: DType):
-        self.g, self.half = g, half
+    def __init__(self, g: Graph, half: DType, keep: frozenset = frozenset()):
+        self.g, self.half, self.keep = g, half, keep
         self.constants = dict(g.constants)
         self.nodes: list[Node] = []
         self.cur: dict[Value, Value] = {}
@@ -146,7 +148,7 @@ class _Converter:
 
     def visit(self, node: Node) -> None:
         floats = [v for v in node.inputs if v is not None and v.dtype is DType.float32]
-        pol = policy(node)
+        pol = Policy.FP32 if node.name in self.keep else policy(node)
         if pol is Policy.FOLLOW:  # half when every computed float operand is half already
             dts = {self.now(v).dtype for v in floats if v not in self.constants}
             pol = Policy.HALF if dts == {self.half} else Policy.FP32
@@ -178,13 +180,14 @@ def _short(dtype: DType) -> str:
     return {DType.float16: "f16", DType.bfloat16: "bf16", DType.float32: "f32"}[dtype]
 
 
-def convert_precision(g: Graph, target=None, dtype=None) -> Graph:
-    """Float32 compute -> ``dtype`` (fp16 / bf16) per ``POLICY``; no-op when ``dtype`` is None
-    or fp32. Graph inputs and outputs keep their dtypes."""
+def convert_precision(g: Graph, target=None, dtype=None, keep_fp32=()) -> Graph:
+    """Float32 compute -> ``dtype`` (fp16 / bf16) per ``POLICY``, except the nodes named in
+    ``keep_fp32``; no-op when ``dtype`` is None or fp32. Graph inputs and outputs keep their
+    dtypes."""
     half = half_dtype(dtype)
     if half is None:
         return g
-    conv = _Converter(g, half)
+    conv = _Converter(g, half, frozenset(keep_fp32))
     for node in g.nodes:
         conv.visit(node)
     return simplify(conv.finish())  # a model's own cast chains meet ours; dead constants go
