@@ -122,6 +122,23 @@ def test_depthwise_conv_and_pool(tmp_path):
     interpreted(model, {"x": rand(1, 4, 6, 6)}, tmp_path)
 
 
+@pytest.mark.parametrize("batch", [2, "n"])
+def test_depthwise_7x7_and_pooling_take_the_window_template(tmp_path, batch):
+    """Short windows over many outputs (ConvNeXt's depthwise 7 x 7, a 3 x 3 max pool, a 1-D
+    depthwise conv) render as unrolled windows on 2-D tiles, batch fixed or symbolic."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[3, 3, 3, 3], group=32),
+             helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["p", "shape"], ["r"]),
+             helper.make_node("Conv", ["r", "w1"], ["y"], pads=[2, 2], group=32)]
+    model = make_model(nodes, [("x", np.float32, [batch, 32, 8, 8])],
+                       [("y", np.float32, [batch, 32, 16])],
+                       initializers={"w": rand(32, 1, 7, 7), "b": rand(32), "w1": rand(32, 1, 5),
+                                     "shape": np.array([0, 32, 16], np.int64)})
+    m = interpreted(model, {"x": rand(2, 32, 8, 8)}, tmp_path, rtol=1e-4, atol=1e-4)
+    assert templates(m).count("window") == 3, templates(m)
+
+
 def test_scatter_stage_runs_serially(tmp_path):
     model = make_model([helper.make_node("CumSum", ["x", "ax"], ["y"])],
                        [("x", np.float32, [3, 9])], [("y", np.float32, [3, 9])],

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 DEFAULT_SHARED = 48 * 1024  # bytes of shared memory a block may use when no target says
 DEFAULT_SMS = 80  # multiprocessors assumed when no target says
+WINDOW_TILE = 1024  # window template: outputs per program
 SHORT_REDUCTION = 16  # reductions this short over many outputs loop lane by lane
 
 
@@ -43,6 +44,16 @@ class ReductionConfig(LaunchConfig):
 
     def params(self) -> dict:
         return {"template": "reduction", "xblock": self.xblock, "rblock": self.rblock,
+                "num_warps": self.num_warps}
+
+
+@dataclass(frozen=True)
+class WindowConfig(LaunchConfig):
+    xblock: int = 1  # output rows (every variable but the last) per program
+    cblock: int = 1  # output columns (the last variable) per program
+
+    def params(self) -> dict:
+        return {"template": "window", "xblock": self.xblock, "cblock": self.cblock,
                 "num_warps": self.num_warps}
 
 
@@ -297,10 +308,14 @@ def choose_split_k(m: int, n: int, k: int, batch: int, cfg: GemmConfig, target=N
 
 def _complete(bm: int, bn: int, k: int, target, half: bool, tc: bool,
               bk: int | None = None, warps: int | None = None) -> GemmConfig:
-    """BK, warps and stages for a tile: BK 64 for 2-byte operands, 32 otherwise (at most K);
-    warps by the accumulator's size; stages by the shared memory (half of it per program)."""
+    """BK, warps and stages for a tile: BK 64 for 2-byte operands, 32 otherwise (at most K; 32
+    where that divides K and 64 does not); warps by the accumulator's size; stages by the
+    shared memory (half of it per program), at most K's steps."""
     elt = 2 if half else 4
-    bk = bk or max(16, min(64 if half else 32, pow2(k)))
+    if bk is None:
+        bk = max(16, min(64 if half else 32, pow2(k)))
+        if k % bk and k % (bk // 2) == 0 and bk // 2 >= 32:
+            bk //= 2  # K = 96: three whole steps of 32, no masked loads
     if warps is None:
         if tc:  # sm_90's wgmma takes a warpgroup (4 warps) per 64 rows
             wgmma = _sm(target) >= 90 and bm >= 64
@@ -312,7 +327,9 @@ def _complete(bm: int, bn: int, k: int, target, half: bool, tc: bool,
     else:  # a quarter of the shared memory stays for the epilogue's layout conversion
         per_stage = (bm * bk + bk * bn) * elt
         budget = _shared(target) * 3 // 4 if _shared(target) > DEFAULT_SHARED else _shared(target)
-        stages = max(2, min(4, budget // per_stage))
+        # no more stages than K has steps: a short K (ConvNeXt's 96) gains nothing from a
+        # deeper pipeline, and the smaller footprint lets more programs share a multiprocessor
+        stages = max(2, min(4, budget // per_stage, -(-k // bk)))
     return GemmConfig(num_warps=warps, num_stages=stages, bm=bm, bn=bn, bk=bk)
 
 
@@ -400,11 +417,48 @@ def _crossed(bm: int, bn: int, k: int, target, half: bool, tc: bool) -> list[Gem
     return out
 
 
+def window_config(rows: int, cols: int, target=None, tuned: dict | None = None) -> WindowConfig:
+    """``CBLOCK``: the largest power of two up to 64 that divides the columns (96 channels: 32,
+    no idle lanes), ``XBLOCK`` fills ``WINDOW_TILE`` outputs while every multiprocessor keeps two
+    programs."""
+    if tuned and tuned.get("template") == "window":
+        x, c, w = tuned.get("xblock"), tuned.get("cblock"), tuned.get("num_warps")
+        if all(isinstance(v, int) and v > 0 and v & (v - 1) == 0 for v in (x, c, w)) \
+                and x * c <= 8192 and w <= 32:
+            return WindowConfig(num_warps=w, xblock=x, cblock=c)
+    cblock = min(64, cols & -cols)
+    if cblock < 8:
+        cblock = min(64, pow2(cols))
+    xblock = max(1, WINDOW_TILE // cblock)
+    while xblock > 1 and -(-rows // xblock) * -(-cols // cblock) < 2 * _sms(target):
+        xblock //= 2
+    return WindowConfig(num_warps=_warps(xblock * cblock), num_stages=1, xblock=xblock,
+                        cblock=cblock)
+
+
+def window_space(rows: int, cols: int, target=None, limit: int = 8) -> list[WindowConfig]:
+    """The default first, then tiles of other shapes and warp counts: at most ``limit``."""
+    base = window_config(rows, cols, target)
+    out = [base]
+    for c in (base.cblock, base.cblock // 2, base.cblock * 2):
+        for elements in (WINDOW_TILE, WINDOW_TILE // 2, WINDOW_TILE * 2):
+            if not 1 <= c <= 128:
+                continue
+            x = max(1, elements // c)
+            for w in (_warps(x * c), max(1, _warps(x * c) // 2)):
+                cfg = WindowConfig(num_warps=w, num_stages=1, xblock=x, cblock=c)
+                if cfg not in out:
+                    out.append(cfg)
+    return out[:limit]
+
+
 def describe(cfg: LaunchConfig) -> str:
     if isinstance(cfg, GemmConfig):
         split = f" split{cfg.split_k}" if cfg.split_k > 1 else ""
         return f"{cfg.bm}x{cfg.bn}x{cfg.bk} w{cfg.num_warps} s{cfg.num_stages}{split}"
     if isinstance(cfg, ReductionConfig):
         return f"x{cfg.xblock} r{cfg.rblock} w{cfg.num_warps}"
+    if isinstance(cfg, WindowConfig):
+        return f"x{cfg.xblock} c{cfg.cblock} w{cfg.num_warps}"
     return f"b{cfg.block} w{cfg.num_warps}"
 

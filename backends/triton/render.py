@@ -9,6 +9,8 @@ Templates, chosen per stage in this order (first that applies):
   ``b`` form N, the rest are batch; fp32 accumulation; the epilogue is applied at the store.
   Implicit-GEMM convolution is this template with ``a``/``b`` loaded through their index
   expressions (padding as masked loads);
+- ``window``: a reduction over a short window known at compile time (depthwise convolution,
+  pooling) on an ``XBLOCK x CBLOCK`` output tile, the window unrolled (``window.py``);
 - ``reduction``: ``XBLOCK`` output points per program, each reduction over ``RBLOCK`` lanes,
   looping when longer (reductions nested inside reductions run serially);
 - ``pointwise``: a flat 1-D block over the output, the flat index decomposed into the stage's
@@ -50,6 +52,7 @@ from .exprs import PRELUDE, PTR_TYPE, BufRef, Emitter, S, compute_dtype, tl_type
 from .reduce_ops import _acc_dtype, _as_acc, _combine, _final, _init, _typed
 from .rows import render_rows, rows_plan
 from .sizes import SizeParams, cdiv, used_params
+from .window import render_window, window_reduce
 
 BIG = 2 ** 31
 WS_PARAM = "p_splitk__ws"  # the split-K workspace's parameter (the same in every function)
@@ -143,7 +146,8 @@ class StageRenderer:
             if cfg is not None:
                 return self.gemm(st, contraction, cfg)
         if any(isinstance(x, Reduce) for x in walk(st.body)):
-            return self.reduction(st)
+            red = window_reduce(st)
+            return self.reduction(st) if red is None else render_window(self, st, red)
         return self.pointwise(st)
 
     # ---- function assembly ----------------------------------------------------------------------

@@ -32,7 +32,7 @@ from ...progress import tuning_step
 from ...tensor_ir.expr import Reduce, walk
 from ...tensor_ir.kernel import Kernel, size_bucket, size_env, specialize
 from ...tensor_ir.tuning_db import TuningDB, TuningRecord, with_bucket
-from .config import LaunchConfig, describe, gemm_space, reduction_space
+from .config import LaunchConfig, describe, gemm_space, reduction_space, window_space
 from .fuse import fuse_stages
 from .render import TritonFunction, TritonRenderer, _numel, _reduce_extent
 
@@ -94,6 +94,8 @@ def stage_spaces(fused: Kernel, renderer: TritonRenderer, level: str) -> dict[in
         elif f.template == "reduction":
             rn = max(_reduce_extent(r) for r in walk(st.body) if isinstance(r, Reduce))
             space = reduction_space(_numel(st.extents), rn, tgt, limit)
+        elif f.template == "window":
+            space = window_space(_numel(st.extents[:-1]), st.extents[-1], tgt, limit)
         else:
             continue
         if len(space) > 1:
