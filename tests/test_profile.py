@@ -9,11 +9,11 @@ import os
 
 import numpy as np
 import pytest
-
 from deploy import cli
 from deploy.bench import floor
 from deploy.compiler import lower_only
 from deploy.tensor_ir.cost import kernel_cost
+
 from tests.attention_graphs import attention_model
 from tests.util import helper, make_model
 
