@@ -3,6 +3,7 @@
     deploy compile MODEL [--target T] [-o OUT] [--shape NAME=1x3x224x224 ...]
     deploy run ARTIFACT [--inputs in.npz] [--outputs out.npz] [--check MODEL.onnx]
     deploy bench ARTIFACT [--compare ort [MODEL.onnx]] [--warmup N] [--runs N]
+    deploy bench ARTIFACT --profile [--top N] [--dim NAME=N ...] [--json F]
     deploy check MODEL [--target T]
     deploy inspect ARTIFACT [--json] [--html OUT.html [--profile PROFILE.json]]
     deploy targets [show NAME]
@@ -136,13 +137,27 @@ def _add_run(sub, common) -> None:
 
 def _add_bench(sub, common) -> None:
     b = sub.add_parser("bench", parents=[common], help="latency percentiles (optionally vs ORT)")
-    b.add_argument("artifact")
+    b.add_argument("artifact", nargs="?")
     b.add_argument("--compare", nargs="+", metavar="ort [MODEL.onnx]",
                    help="also time ONNX Runtime on MODEL (default: the model it was compiled from)")
     b.add_argument("--inputs", help=".npz with one array per input name (default: random)")
     b.add_argument("--warmup", type=int, default=10, help="untimed runs first (default 10)")
-    b.add_argument("--runs", type=int, default=100, help="timed runs (default 100)")
-    b.add_argument("--json", action="store_true", help="print the results as JSON")
+    b.add_argument("--runs", type=int, default=None,
+                   help="timed runs (default 100; with --profile, timed calls per kernel, "
+                        "default 20)")
+    b.add_argument("--json", nargs="?", const=True, default=None, metavar="F",
+                   help="print the results as JSON; with a file name F, write them there and "
+                        "print the usual text")
+    b.add_argument("--profile", action="store_true",
+                   help="time every kernel on its own (GPU: between CUDA events, on the GPU; "
+                        "CPU: one kernel call at a time) and show each one's time, share, "
+                        "TFLOP/s, GB/s and % of its floor max(FLOPs/peak, bytes/bandwidth), "
+                        "and the whole model's floors (docs/benchmarks.md)")
+    b.add_argument("--top", type=int, default=20,
+                   help="with --profile: the slowest N kernels in the table (default 20)")
+    b.add_argument("--flush-l2", action="store_true",
+                   help="with --profile, GPU: overwrite 256 MB before each timed launch (else "
+                        "launches share L2 as in the graph)")
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     _size_arg(b)
     _progress_args(b)
@@ -583,6 +598,15 @@ def compare(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[boo
 
 def cmd_bench(args) -> int:
     from .runtime import load
+    if args.artifact is None:  # `deploy bench --json A.dpk`: --json took the artifact's name
+        if not isinstance(args.json, str):
+            raise UsageError("bench: name the artifact to time: deploy bench ARTIFACT")
+        args.artifact, args.json = args.json, True
+    if args.profile:
+        return _bench_profile(args)
+    if args.flush_l2:
+        raise UsageError("--flush-l2 goes with --profile (GPU artifacts)")
+    args.runs = 100 if args.runs is None else args.runs
     with _progress(args, tick=False) as progress:  # no thread beside the timed calls
         progress.begin("load")
         t0 = time.perf_counter()
@@ -599,9 +623,11 @@ def cmd_bench(args) -> int:
     if "ort" in results:
         results["speedup_vs_ort"] = round(results["ort"]["median_ms"] /
                                           results["deploy"]["median_ms"], 3)
-    if args.json:
+    if args.json is True:
         print(json.dumps(results, indent=1))
         return 0
+    if args.json:
+        _write_json(args.json, results)
     print(f"{args.artifact}: {args.runs} runs after {args.warmup} warm-up runs")
     for name in ("deploy", "ort"):
         if name in results:
@@ -613,6 +639,39 @@ def cmd_bench(args) -> int:
         print(f"  ratio   ORT median / deploy median = {s:.2f} "
               f"({'deploy faster' if s >= 1 else 'ORT faster'})")
     return 0
+
+
+def _bench_profile(args) -> int:
+    """`deploy bench --profile`: per-kernel times against each kernel's floor (bench/floor.py;
+    GPU artifacts through bench/gpu_profile.py, CPU ones through bench/cpu_profile.py)."""
+    from .bench.floor import format_report, profile_artifact
+    for flag, given in (("--compare", args.compare), ("--inputs", args.inputs)):
+        if given:
+            raise UsageError(f"{flag} does not go with --profile (which times each kernel on "
+                             "its own, on random inputs)")
+    runs = 20 if args.runs is None else args.runs
+    if runs < 1 or args.top < 1:
+        raise UsageError(f"--runs and --top must be >= 1, got {runs} and {args.top}")
+    dims = parse_dims(args.dim)
+    bad = [k for k, v in dims.items() if not isinstance(v, int)]
+    if bad:
+        raise UsageError(f"--dim {bad[0]}: give one size (NAME=N) to profile at")
+    res = profile_artifact(args.artifact, dims, runs, threads=args.threads,
+                           flush_l2=args.flush_l2)
+    if args.json is True:
+        print(json.dumps(res, indent=1))
+        return 0
+    if args.json:
+        _write_json(args.json, res)
+    print(format_report(res, args.top))
+    return 0
+
+
+def _write_json(path: str, data) -> None:
+    try:
+        Path(path).write_text(json.dumps(data, indent=1))
+    except OSError as e:
+        raise UsageError(f"--json {path}: cannot write it ({e.strerror or e})") from None
 
 
 def _compare_model(compare: list[str], mod) -> str:

@@ -25,6 +25,7 @@ from typing import Protocol
 from ..graph_ir.sym import Sym, context, size_max, smax
 from ..progress import Progress
 from ..tensor_ir.attention import AttentionStage
+from ..tensor_ir.cost import kernel_cost
 from ..tensor_ir.kernel import Kernel, kernel_sizes
 from .device_code import Binary, GpuFunction
 from .triton.render import contraction_of
@@ -88,6 +89,7 @@ def build_gpu(kernels: list[Kernel], tgt, codegen_of, sizes: SizeParams,
         info.append({"symbol": k.name, "note": k.note, "hash": k.structural_hash(),
                      "tuned": k.name in (tuned or {}), "codegen": codegen.name,
                      "schedule": [_describe(f) for f in variants[0][1]],
+                     "cost": kernel_cost(k, (constants or {}).get(k.name)).json(),
                      **({"variants": [p for p, _ in variants]} if len(variants) > 1 else {})})
     progress.count("render", len(kernels), len(kernels))
     members, binaries, versions = {}, [], {}

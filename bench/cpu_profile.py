@@ -85,11 +85,13 @@ def _median_ms(fn, runs: int) -> float:
     return statistics.median(times)
 
 
-def profile(path: str, runs: int, dims: dict[str, int] | None = None
-            ) -> list[tuple[float, dict, dict]]:
+def profile(path: str, runs: int, dims: dict[str, int] | None = None,
+            threads: int | None = None) -> list[tuple[float, dict, dict]]:
     """(ms, step, kernel record) per kernel step, slowest first; ``dims``: the symbols' values
-    for an artifact with symbolic sizes."""
-    mod = load(path)
+    for an artifact with symbolic sizes; ``threads``: OpenMP threads (as ``load``)."""
+    mod = load(path, threads=threads)
+    if getattr(mod, "_set_threads", None) is not None:  # what run() sets, for direct calls
+        mod._set_threads(mod.threads)
     env, sig = _bind(mod, dims)
     kernels = {k["symbol"]: k for k in mod.manifest["kernels"]}
     rows = []

@@ -11,7 +11,8 @@ template, grid, block and launch configuration, the time per template and per op
 all launches against one replay of the CUDA graph (graph replay removes launch gaps, so the sum
 is usually a little larger). A symbolic artifact is profiled at the sizes ``--dim`` gives
 (every symbol; the kernels' size-class variants chosen as the runtime chooses them). Needs an
-NVIDIA GPU; imports neither torch nor triton.
+NVIDIA GPU; imports neither torch nor triton. ``deploy bench ARTIFACT --profile`` runs the same
+timing and sets each kernel against its floor (``bench/floor.py``).
 """
 from __future__ import annotations
 

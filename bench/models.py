@@ -102,6 +102,14 @@ def _bert_base(tiny: bool):
     return BertConfig(attn_implementation="eager")  # bert-base-uncased
 
 
+def _distilbert(tiny: bool):
+    from transformers import DistilBertConfig
+    if tiny:
+        return DistilBertConfig(vocab_size=1000, dim=64, n_layers=2, n_heads=4, hidden_dim=128,
+                                attn_implementation="eager")
+    return DistilBertConfig(attn_implementation="eager")  # distilbert-base-uncased
+
+
 def _gpt2_small(tiny: bool):
     from transformers import GPT2Config
     if tiny:
@@ -136,11 +144,14 @@ RECIPES: dict[str, Recipe] = {
     "vit_base": Recipe(_vit_base, "ViTForImageClassification", _image_inputs, "logits", "dynamo"),
     "bert_base": Recipe(_bert_base, "BertModel", _text_inputs(True), "last_hidden_state",
                         "dynamo"),
+    "distilbert": Recipe(_distilbert, "DistilBertModel", _text_inputs(True),
+                         "last_hidden_state", "dynamo"),
     "gpt2_small": Recipe(_gpt2_small, "GPT2LMHeadModel", _text_inputs(False), "logits", "dynamo"),
 }
 ALIASES = {"resnet": "resnet50", "resnet-50": "resnet50", "mobilenet": "mobilenet_v2",
            "mobilenetv2": "mobilenet_v2", "convnext": "convnext_tiny", "vit": "vit_base",
-           "bert": "bert_base", "gpt2": "gpt2_small"}
+           "bert": "bert_base", "distilbert-base": "distilbert", "distilbert_base": "distilbert",
+           "gpt2": "gpt2_small"}
 
 
 def recipe_name(name: str) -> str:

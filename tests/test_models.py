@@ -29,14 +29,15 @@ def _check(name: str, tiny: bool, batch: int = 1, seed: int = 7) -> None:
     check_against_ort(str(path), inputs, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("name", ["resnet50", "bert_base", "gpt2_small", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["resnet50", "bert_base", "gpt2_small", "mobilenet_v2",
+                                  "distilbert"])
 def test_tiny_model_matches_ort(name):
     _check(name, tiny=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50", "bert_base", "gpt2_small", "mobilenet_v2",
-                                  "vit_base", "convnext_tiny"])
+                                  "vit_base", "convnext_tiny", "distilbert"])
 def test_full_model_matches_ort(name):
     _check(name, tiny=False)
 

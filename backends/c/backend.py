@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ...progress import Progress
 from ...tensor_ir.attention import AttentionStage, fuse_attention
+from ...tensor_ir.cost import kernel_cost
 from ...tensor_ir.expr import Load, walk
 from ...tensor_ir.kernel import size_bucket
 from ...tensor_ir.pack import pack_weights
@@ -94,6 +95,7 @@ def _build(plan, tgt, dump: Path | None, db, feats: dict,
     for n, (k, step) in enumerate(zip(plan.kernels, plan.kernel_steps())):
         progress.count("render", n, total)
         h = k.structural_hash()
+        cost = kernel_cost(k, constants.get(k.name))
         tuned = db.lookup(h, with_bucket(feats, size_bucket(k))) if db is not None else None
         k, tuned = _fuse_attention(k, tuned, constants.get(k.name))
         sched = default_schedule(k, tuned, tgt.vector_bits)
@@ -104,6 +106,7 @@ def _build(plan, tgt, dump: Path | None, db, feats: dict,
         sources.append(_dedup(src, k.name, bodies))
         info.append({"symbol": k.name, "note": k.note, "hash": h, "tuned": tuned is not None,
                      "work": sum(stage_work(st) for st in k.stages),
+                     "cost": cost.json(),
                      "schedule": [s.describe() for s in sched]})
     progress.count("render", total, total)
     if not plan.host_ops:
