@@ -310,7 +310,7 @@ def _complete(bm: int, bn: int, k: int, target, half: bool, tc: bool,
               bk: int | None = None, warps: int | None = None) -> GemmConfig:
     """BK, warps and stages for a tile: BK 64 for 2-byte operands, 32 otherwise (at most K; 32
     where that divides K and 64 does not); warps by the accumulator's size; stages by the
-    shared memory (half of it per program), at most K's steps."""
+    shared memory (half of it per program)."""
     elt = 2 if half else 4
     if bk is None:
         bk = max(16, min(64 if half else 32, pow2(k)))
@@ -327,9 +327,7 @@ def _complete(bm: int, bn: int, k: int, target, half: bool, tc: bool,
     else:  # a quarter of the shared memory stays for the epilogue's layout conversion
         per_stage = (bm * bk + bk * bn) * elt
         budget = _shared(target) * 3 // 4 if _shared(target) > DEFAULT_SHARED else _shared(target)
-        # no more stages than K has steps: a short K (ConvNeXt's 96) gains nothing from a
-        # deeper pipeline, and the smaller footprint lets more programs share a multiprocessor
-        stages = max(2, min(4, budget // per_stage, -(-k // bk)))
+        stages = max(2, min(4, budget // per_stage))
     return GemmConfig(num_warps=warps, num_stages=stages, bm=bm, bn=bn, bk=bk)
 
 

@@ -297,6 +297,8 @@ class Emitter:
         if isinstance(e, Select):
             c = self.expr(e.cond, guard)
             ga = self.let(c if guard is None else f"{guard} & {c}", "g")
+            if _zero(e.b) and _plain_load(e.a):
+                return self.expr(e.a, ga)  # a padded read: the masked load gives 0 where c fails
             gb = self.let(f"~{c}" if guard is None else f"{guard} & ~{c}", "g")
             return f"tl.where({c}, {self.expr(e.a, ga)}, {self.expr(e.b, gb)})"
         if isinstance(e, Cast):
@@ -368,6 +370,17 @@ def point_key(buf: str, index, shape) -> tuple:
 
 
 @functools.lru_cache(maxsize=65536)
+def _zero(e: Expr) -> bool:
+    return isinstance(e, Const) and isinstance(e.value, (int, float)) and e.value == 0
+
+
+def _plain_load(e: Expr) -> bool:
+    """A load, or a widening cast of one: where its mask fails it reads as 0."""
+    if isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float:
+        e = e.x
+    return isinstance(e, Load)
+
+
 def _guarded(e: Expr) -> bool:
     return any(isinstance(x, (Load, Reduce)) for x in walk(e))
 

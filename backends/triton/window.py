@@ -68,12 +68,20 @@ def render_window(sr, st: Stage, red: Reduce):
     em.emit(f"pid = {pid}")
     em.emit(f"xidx = (pid // {cblocks}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
     em.emit(f"cidx = (pid % {cblocks}) * CBLOCK + tl.arange(0, CBLOCK)[None, :]")
-    em.emit(f"xmask = (xidx < {S(rows)}) & (cidx < {cols})")
-    em.decompose("xidx", st.vars[:-1], st.extents[:-1])
+    # rows past the end read the last row (in bounds) and are not stored: the loads need no
+    # row mask, and one that does not depend on the rows (the filter) stays [1, CBLOCK]
+    em.emit(f"xin = tl.minimum(xidx, {S(rows)} - 1)")
+    whole = cols % cfg.cblock == 0
+    if whole:
+        em.emit(f"xmask = xidx < {S(rows)}")
+    else:
+        em.emit(f"cmask = cidx < {cols}")
+        em.emit(f"xmask = (xidx < {S(rows)}) & cmask")
+    em.decompose("xin", st.vars[:-1], st.extents[:-1])
     em.env[st.vars[-1]] = "cidx"
     em.block_vars.add(st.vars[-1])
     em.reduce_fn = lambda r, guard: _unrolled(sr, r, guard)
-    value = em.expr(st.body, "xmask")
+    value = em.expr(st.body, None if whole else "cmask")
     sr._store(st, value, "xmask", None)
     grid = (cdiv(rows, cfg.xblock) * cblocks,)
     return sr._function("window", {"XBLOCK": cfg.xblock, "CBLOCK": cfg.cblock}, grid, cfg)
