@@ -31,6 +31,8 @@ from ...tensor_ir.expr import (
     R,
     Reduce,
     Select,
+    U,
+    Unary,
     Var,
     children,
     transform,
@@ -142,7 +144,7 @@ class StageRenderer:
             cfg = gemm_config(hint(contraction.m), hint(contraction.n), hint(contraction.k),
                               self.parent.target, contraction.half, tf32=self.parent.allow_tf32,
                               batch=hint(_numel([st.extents[k] for k in contraction.outer])),
-                              tuned=self.tuned)
+                              tuned=self.tuned, heavy_epilogue=heavy_epilogue(st))
             if cfg is not None:
                 return self.gemm(st, contraction, cfg)
         if any(isinstance(x, Reduce) for x in walk(st.body)):
@@ -379,7 +381,8 @@ class StageRenderer:
         em.emit(f"omask = (mi < {S(c.m)}) & (nj < {S(c.n)})")
         epi = transform(st.body, lambda e: Var("acc", c.red.dtype) if e == c.red else None)
         consts = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk}
-        meta = {"m": c.m, "n": c.n, "k": c.k, "half": c.half, "batch": outer}
+        meta = {"m": c.m, "n": c.n, "k": c.k, "half": c.half, "batch": outer,
+                "heavy": heavy_epilogue(st)}
         if split > 1:
             return self._split_partial(st, epi, split, tiles * outer * split, cfg, consts, meta)
         em.env[Var("acc", c.red.dtype)] = "acc"
@@ -476,6 +479,14 @@ class Contraction:
     n: int
     k: int
     half: bool  # both operands are half-precision loads: tl.dot in fp16/bf16
+
+
+TRANSCENDENTAL = frozenset({U.EXP, U.LOG, U.TANH, U.ERF, U.SIN, U.COS, U.TAN, U.SINH, U.COSH})
+
+
+def heavy_epilogue(st: Stage) -> bool:
+    """Does the stage evaluate a transcendental function (GELU's erf, SiLU's exp)?"""
+    return any(isinstance(x, Unary) and x.op in TRANSCENDENTAL for x in walk(st.body))
 
 
 def _half_of(e: Expr) -> DType | None:

@@ -90,7 +90,8 @@ def stage_spaces(fused: Kernel, renderer: TritonRenderer, level: str) -> dict[in
             m, n, k = f.meta["m"], f.meta["n"], f.meta["k"]
             tiles = -(-m // f.constexprs["BM"]) * -(-n // f.constexprs["BN"])
             batch = f.meta.get("batch", f.grid[0] // tiles)
-            space = gemm_space(m, n, k, tgt, f.meta["half"], renderer.allow_tf32, batch, limit)
+            space = gemm_space(m, n, k, tgt, f.meta["half"], renderer.allow_tf32, batch, limit,
+                               heavy_epilogue=f.meta.get("heavy", False))
         elif f.template == "reduction":
             rn = max(_reduce_extent(r) for r in walk(st.body) if isinstance(r, Reduce))
             space = reduction_space(_numel(st.extents), rn, tgt, limit)
