@@ -153,10 +153,10 @@ def check_cases() -> list[Case]:
     xt, yt = _rand(r, 3, 4, 5), _rand(r, 3, 2, 5)
     one("movement", [node("Transpose", ["x"], ["t"], perm=[2, 0, 1]),
                      node("Concat", ["x", "y"], ["c"], axis=1),
-                     node("Slice", ["c", "st", "en"], ["s"])],
+                     node("Slice", ["c", "st", "en", "axes"], ["s"])],
         [("x", f32, [3, 4, 5]), ("y", f32, [3, 2, 5])],
         [("t", f32, [5, 3, 4]), ("s", f32, [3, 3, 5])], {"x": xt, "y": yt},
-        inits={"st": np.array([1], i64), "en": np.array([4], i64)})
+        inits={"st": np.array([1], i64), "en": np.array([4], i64), "axes": np.array([1], i64)})
     xs, ws = _rand(r, 5, 64), _rand(r, 64, 48)
     one("symbolic_batch", [node("MatMul", ["x", "w"], ["m"]), node("Softmax", ["m"], ["y"])],
         [("x", f32, ["batch", 64])], [("y", f32, ["batch", 48])], {"x": xs}, inits={"w": ws})
