@@ -232,14 +232,19 @@ def test_close_gives_the_device_memory_back(tmp_path):
     x = rand(256, 1024)
     kept = torch.from_dlpack(mod.run({"x": torch.from_numpy(x).cuda()})[0])
     mod.close()
-    torch.cuda.synchronize()
+    import deploy
+
+    def cycle(times: int) -> None:
+        for _ in range(times):
+            with deploy.load(path) as m:
+                m.run({"x": x})
+                m.run({"x": torch.from_numpy(x).cuda()})
+        torch.cuda.synchronize()
+
+    cycle(2)  # one-time allocations of the driver (16 MiB once on an H100) are not a leak
     free_before, _ = torch.cuda.mem_get_info()
     torch_before = torch.cuda.memory_reserved()  # torch's own cache may grow meanwhile
-    import deploy
-    for _ in range(20):
-        with deploy.load(path) as m:
-            m.run({"x": x})
-            m.run({"x": torch.from_numpy(x).cuda()})
+    cycle(20)
     free_after, _ = torch.cuda.mem_get_info()
     ours = free_before - free_after - (torch.cuda.memory_reserved() - torch_before)
     assert ours < 16 << 20, (free_before, free_after)  # 20 x 4 MB if kept
