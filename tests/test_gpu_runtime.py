@@ -241,13 +241,15 @@ def test_close_gives_the_device_memory_back(tmp_path):
                 m.run({"x": torch.from_numpy(x).cuda()})
         torch.cuda.synchronize()
 
-    cycle(2)  # one-time allocations of the driver (16 MiB once on an H100) are not a leak
+    cycle(2)
     free_before, _ = torch.cuda.mem_get_info()
     torch_before = torch.cuda.memory_reserved()  # torch's own cache may grow meanwhile
     cycle(20)
     free_after, _ = torch.cuda.mem_get_info()
     ours = free_before - free_after - (torch.cuda.memory_reserved() - torch_before)
-    assert ours < 16 << 20, (free_before, free_after)  # 20 x 4 MB if kept
+    # 20 modules kept would hold 80 MB of weights; the driver grows its own pools in 16 MiB
+    # steps now and then (once in these 20 cycles on an H100 and an H200), which is no leak
+    assert ours < 40 << 20, (free_before, free_after)
     np.testing.assert_allclose(kept.cpu().numpy(), run_ort(model, {"x": x})[0], rtol=1e-4,
                                atol=1e-4)
 
