@@ -128,8 +128,11 @@ def _add_run(sub, common) -> None:
     r.add_argument("--inputs", help=".npz with one array per input name (default: random)")
     r.add_argument("--outputs", help="write the outputs to this .npz (keys: output names)")
     r.add_argument("--check", metavar="MODEL.onnx", help="compare with ONNX Runtime on MODEL")
-    r.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
-    r.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
+    r.add_argument("--rtol", type=float, default=None,
+                   help="relative tolerance (default 1e-3; 1e-2 for fp16/bf16 artifacts)")
+    r.add_argument("--atol", type=float, default=None,
+                   help="absolute tolerance (default 1e-4; for fp16/bf16 artifacts 1e-2 of the "
+                        "output's largest magnitude)")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     _size_arg(r)
     r.set_defaults(func=cmd_run)
@@ -552,17 +555,23 @@ def _ort_session(model: str):
         raise DeployError(f"ONNX Runtime cannot load {model}: {' '.join(str(e).split())}") from None
 
 
-def _check_against_ort(model: str, mod, inputs, outs, rtol: float, atol: float) -> int:
+def _check_against_ort(model: str, mod, inputs, outs, rtol: float | None,
+                       atol: float | None) -> int:
     ort, sess = _ort_session(model)
     try:
         ref = sess.run(None, inputs)
     except Exception as e:  # noqa: BLE001
         raise DeployError(f"ONNX Runtime failed on {model}: {' '.join(str(e).split())}") from None
+    half = mod.manifest.get("precision", {}).get("dtype", "fp32") != "fp32"
+    rtol = rtol if rtol is not None else HALF_RTOL if half else 1e-3
+    rule = f"{atol:g}" if atol is not None else "1e-2 * max|ort|" if half else "1e-4"
     print(f"check against ONNX Runtime {ort.__version__} on {model} "
-          f"(pass: |deploy - ort| <= {atol:g} + {rtol:g} * |ort|):")
+          f"(pass: |deploy - ort| <= {rule} + {rtol:g} * |ort|):")
     failed = 0
     for spec, a, b in zip(mod.output_specs, outs, ref):
-        ok, line = compare(a, np.asarray(b), rtol, atol)
+        b = np.asarray(b)
+        tol = atol if atol is not None else _half_atol(b) if half else 1e-4
+        ok, line = compare(a, b, rtol, tol)
         failed += not ok
         print(f"  {spec.name}: {line}  {'PASS' if ok else 'FAIL'}")
     if len(ref) != len(outs):
@@ -573,6 +582,17 @@ def _check_against_ort(model: str, mod, inputs, outs, rtol: float, atol: float) 
         print(f"deploy: check failed: {failed} output(s) differ from ONNX Runtime beyond "
               "tolerance", file=sys.stderr)
     return 1 if failed else 0
+
+
+HALF_RTOL = 1e-2  # fp16/bf16 artifacts: about ten half-precision ulps
+
+
+def _half_atol(ref: np.ndarray) -> float:
+    """1e-2 of the output's largest finite magnitude (half precision rounds relative to it)."""
+    if ref.size == 0 or not np.issubdtype(ref.dtype, np.floating):
+        return 1e-4
+    finite = np.abs(ref[np.isfinite(ref)])
+    return 1e-2 * float(finite.max()) if finite.size else 1e-4
 
 
 def compare(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[bool, str]:

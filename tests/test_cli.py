@@ -63,6 +63,21 @@ def test_run_with_inputs_writes_outputs_that_match_numpy(compiled):
     np.testing.assert_allclose(np.load(d / "out.npz")["y"], want, rtol=1e-4, atol=1e-4)
 
 
+def test_check_of_a_half_precision_artifact_uses_half_tolerances(compiled):
+    """A bf16 artifact passes --check at half-precision tolerances by default; at fp32's it
+    fails (so the default is what lets it pass)."""
+    d, _ = compiled
+    r = deploy_cli("compile", "mlp.onnx", "--shape", "x=3x12", "--dtype", "bf16", "-o",
+                   "mlp16.dpk", cwd=d)
+    assert r.returncode == 0, r.stderr
+    r = deploy_cli("run", "mlp16.dpk", "--check", "mlp.onnx", cwd=d)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1e-2 * max|ort|" in r.stdout and r.stdout.rstrip().endswith("PASS")
+    r = deploy_cli("run", "mlp16.dpk", "--check", "mlp.onnx", "--rtol", "1e-6", "--atol", "0",
+                   cwd=d)
+    assert r.returncode == 1 and r.stdout.rstrip().endswith("FAIL")
+
+
 def test_run_random_inputs_check_against_ort_passes(compiled):
     d, _ = compiled
     r = deploy_cli("run", "mlp.dpk", "--check", "mlp.onnx", cwd=d)
