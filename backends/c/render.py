@@ -47,6 +47,7 @@ from .sizes import c_size, size_var
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 
 F = "{f}"  # float-function suffix placeholder: "f" for float, "" for double
+COLLAPSE_BELOW = 64  # GEMM nests with fewer outer tiles share (outer, inner) tile pairs among threads
 VL = 16  # floats per vector in the generated micro-kernels at 512 bits (dp_f32x16); 8 below
 
 UNARY = {
@@ -282,6 +283,9 @@ class CRenderer:
                 lines.extend(self._gemm_tile(red, a, b, epi, out, st, tile, ctype, size["i"],
                                              size["j"], ind))
                 return
+            if split and len(order) == 2 and collapsible(order):
+                collapsed(order, ind)
+                return
             first, full, rem, step, var, extent = spans[order[0]]
             if isinstance(full, Sym) or full:
                 if split and len(order) == 2 and hint(full) >= 2 * step:
@@ -304,6 +308,37 @@ class CRenderer:
             elif rem:
                 lines.append(f"{ind}{{ const int64_t {var} = {c_size(full)};")
                 nest(order[1:], {**size, order[0]: rem}, ind + "  ", split)
+                lines.append(f"{ind}}}")
+
+        def collapsible(order: str) -> bool:
+            # few outer tiles (ResNet-50's last stages at batch 1: 4 to 10 column panels) would
+            # leave most of 16 threads idle: share the (outer, inner) tile pairs instead
+            (f0, full0, _, step0, _, _), (f1, full1, _, _, _, _) = spans[order[0]], spans[order[1]]
+            return (f0, f1) == ("0", "0") and not isinstance(full0, Sym) \
+                and not isinstance(full1, Sym) and full0 and full1 \
+                and full0 // step0 < COLLAPSE_BELOW
+
+        def collapsed(order: str, ind: str) -> None:
+            # the whole tiles as one flattened parallel loop, then the narrower inner tiles (one
+            # per outer step, shared by the threads), then the narrower outer tile row
+            (_, full0, rem0, step0, v0, _), (_, full1, rem1, step1, v1, _) = \
+                spans[order[0]], spans[order[1]]
+            lines.append(f"{ind}#pragma omp parallel for collapse(2) schedule(static)")
+            lines.append(f"{ind}for (int64_t {v0} = 0; {v0} < {full0}; {v0} += {step0}) {{")
+            lines.append(f"{ind}  for (int64_t {v1} = 0; {v1} < {full1}; {v1} += {step1}) {{")
+            nest("", {order[0]: step0, order[1]: step1}, ind + "    ", False)
+            lines.append(f"{ind}  }}")
+            lines.append(f"{ind}}}")
+            if rem1:
+                if full0 >= 2 * step0:
+                    lines.append(f"{ind}#pragma omp parallel for schedule(static)")
+                lines.append(f"{ind}for (int64_t {v0} = 0; {v0} < {full0}; {v0} += {step0}) {{")
+                lines.append(f"{ind}  const int64_t {v1} = {full1};")
+                nest("", {order[0]: step0, order[1]: rem1}, ind + "  ", False)
+                lines.append(f"{ind}}}")
+            if rem0:
+                lines.append(f"{ind}{{ const int64_t {v0} = {full0};")
+                nest(order[1:], {order[0]: rem0}, ind + "  ", False)
                 lines.append(f"{ind}}}")
 
         rb = 0 if isinstance(ei, Sym) else g.row_block
