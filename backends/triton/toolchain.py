@@ -5,9 +5,17 @@ metadata a launcher needs (warps, shared memory, scratch sizes).
 The kernel ABI of the installed triton is recorded per function (``params``: how many kernel
 parameters the binary takes, read off its PTX; triton 3.x appends scratch pointers after the
 function's own arguments), so a runtime without triton can launch it.
+
+Binaries carry no line information (``TRITON_DISABLE_LINE_INFO`` while compiling, unless
+``DEPLOY_GPU_LINEINFO=1``): the machine code is the same (``cuobjdump -sass`` and the launch
+metadata of all 108 functions of BERT-base and GPT-2 small, symbolic and static, compared equal),
+the cubins are about 3x smaller (the PTX 1.5-2x) and each compile 5-7% shorter (BERT-base's
+functions compiled alternately with and without, on the 2-core machine). The CUDA C path
+leaves ``-lineinfo`` out for the same reason.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -20,6 +28,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from ... import config
 from ...errors import CompileError, NotImplementedYetError
 from ..device_code import Binary
 from ..device_code import GpuFunction as TritonFunction
@@ -146,13 +155,30 @@ def _spec(f: TritonFunction) -> dict:
             "template": f.template, "source": f.source}
 
 
+@contextlib.contextmanager
+def line_info():
+    """Triton's compiles in the block keep line information only under
+    ``DEPLOY_GPU_LINEINFO=1`` (an environment variable, so that Triton's cache keys see it)."""
+    name = "TRITON_DISABLE_LINE_INFO"
+    before = os.environ.get(name)
+    os.environ[name] = "0" if config.gpu_line_info() else "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
 def _compile_specs(source: str, specs: list[dict], target, target_name: str,
                    order=None) -> dict[str, Binary]:
     """Compile ``specs`` (those at the indices ``order`` yields: all by default)."""
     import triton
     from triton.compiler import ASTSource
     out: dict[str, Binary] = {}
-    with tempfile.TemporaryDirectory(prefix="deploy-triton-") as tmp, warnings.catch_warnings():
+    with tempfile.TemporaryDirectory(prefix="deploy-triton-") as tmp, warnings.catch_warnings(), \
+            line_info():
         warnings.simplefilter("ignore")
         module = load_source(source, Path(tmp))
         for f in (specs[i] for i in order) if order is not None else specs:
