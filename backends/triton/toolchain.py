@@ -250,8 +250,10 @@ class _Worker:
                     raise CompileError(f"a Triton compile worker ended while compiling "
                                        f"{spec['name']}: {self._stderr()}")
                 owner._record(reply)
-        except (CompileError, OSError) as e:
+        except CompileError as e:
             owner._record(("error", str(e)))
+        except OSError as e:  # the worker could not start or ended early
+            owner._record(("error", f"a Triton compile worker failed ({e}): {self._stderr()}"))
         finally:
             _end(self.proc, self.err)
 
