@@ -213,65 +213,71 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
     graph, report = import_model(model, shapes, constant_inputs, example_inputs, dynamic_shapes,
                                  options.get("bind"))
     _check_symbolic_backend(graph, backend)
-    reference = graph  # the model's own precision, for the --dtype error check
-    bound = _max_error(options.get("max_error"), half)
-    if _graph_symbols(graph) and half is not None and (backend.runs_here or bound):
-        # checked at small fixed sizes (a GPU's symbolic artifact is not emulated: no second
-        # import, which took 5 of a symbolic BERT's 33 s)
-        fixed = {s: max(sym.context().ranges.get(s, (1, None))[0], CHECK_SIZE)
-                 for s in _graph_symbols(graph)}
-        reference, _ = import_model(model, shapes, constant_inputs, example_inputs,
-                                    dynamic_shapes, {**options.get("bind", {}), **fixed})
-    lap("import", "optimize")
-    dump = Path(dump_dir) if dump_dir else None
-    if dump:
-        dump.mkdir(parents=True, exist_ok=True)
-        (dump / "00-import.txt").write_text(print_graph(graph))
-    guard = precision_guard.choose(reference, half, bound, tgt) if bound else None
-    graph, pass_stats = run_pipeline(graph, tgt, dump,
-                                     {"dtype": half, "keep_fp32": guard.keep if guard else ()})
-    lap("optimize", "lower")
-    backend.check_graph(graph)
-    plan = _plan(graph)
-    memory = _plan_memory(graph, plan)
-    backend.prepare(plan)
-    check_max_memory(options.get("max_memory"), memory, plan, graph)  # before any build
-    tuning = tune not in ("none", None)
-    lap("lower", "tune" if tuning else "render+build")
-    db = TuningDB(tuning_db or config.tuning_db_path())
-    if tuning:
-        try:
-            tuned = tune_plan(backend, plan, tune, db, _budget_seconds(budget),  # here or on Ray
-                              log=progress.tuner_log(options.get("log")))
-        finally:  # interrupted too (Ctrl-C): the records measured so far, written atomically
-            db.save()
-        timings["tune_gain"] = round(tuned.gain(), 3)
-        lap("tune", "render+build")
-    built = backend.build(plan, dump, db)
-    lap("render+build", "package")
-    manifest = _manifest(graph, plan, tgt, report, pass_stats, built.kernels, timings, model)
-    manifest.update(built.manifest)  # a library and its entry, or a GPU launch plan
-    members = built.members
-    manifest["memory"] = {"arena_bytes": memory.arena_bytes,
-                          "intermediate_bytes": memory.intermediate_bytes,
-                          "inplace": {str(k): v for k, v in sorted(memory.inplace.items())},
-                          "offsets": {str(k): v for k, v in sorted(memory.offsets.items())}}
-    if memory.deferred:  # symbolic sizes: the runtime places these per distinct size
-        manifest["memory"]["deferred"] = [[v, dim_json(n), a, b] for v, n, a, b in memory.deferred]
-        manifest["memory"]["shared"] = {str(k): v for k, v in sorted(memory.shared.items())}
-    for vid, arr in plan.constants.items():
-        members[f"weights/{vid}.npy"] = array_bytes(arr)
-    lap("package")
-    art = Artifact(manifest, members, graph, timings)
-    if half is not None or backend.kind == "gpu":
-        progress.begin("check")
-        check = options.get("check_precision")
-        manifest["precision"] = _precision_record(art, reference, backend, half, tf32,
-                                                  True if check is None and bound else check,
-                                                  guard, bound)
-        lap("check")
-    manifest["compile_seconds"] = timings
-    return art
+    backend.begin(graph)  # (GPU: compile workers start while the passes run)
+    try:
+        reference = graph  # the model's own precision, for the --dtype error check
+        bound = _max_error(options.get("max_error"), half)
+        if _graph_symbols(graph) and half is not None and (backend.runs_here or bound):
+            # checked at small fixed sizes (a GPU's symbolic artifact is not emulated: no second
+            # import, which took 5 of a symbolic BERT's 33 s)
+            fixed = {s: max(sym.context().ranges.get(s, (1, None))[0], CHECK_SIZE)
+                     for s in _graph_symbols(graph)}
+            reference, _ = import_model(model, shapes, constant_inputs, example_inputs,
+                                        dynamic_shapes, {**options.get("bind", {}), **fixed})
+        lap("import", "optimize")
+        dump = Path(dump_dir) if dump_dir else None
+        if dump:
+            dump.mkdir(parents=True, exist_ok=True)
+            (dump / "00-import.txt").write_text(print_graph(graph))
+        guard = precision_guard.choose(reference, half, bound, tgt) if bound else None
+        graph, pass_stats = run_pipeline(graph, tgt, dump,
+                                         {"dtype": half, "keep_fp32": guard.keep if guard else ()})
+        lap("optimize", "lower")
+        backend.check_graph(graph)
+        plan = _plan(graph)
+        memory = _plan_memory(graph, plan)
+        backend.prepare(plan)
+        check_max_memory(options.get("max_memory"), memory, plan, graph)  # before any build
+        tuning = tune not in ("none", None)
+        lap("lower", "tune" if tuning else "render+build")
+        db = TuningDB(tuning_db or config.tuning_db_path())
+        if tuning:
+            try:
+                tuned = tune_plan(backend, plan, tune, db,  # here or on Ray
+                                  _budget_seconds(budget),
+                                  log=progress.tuner_log(options.get("log")))
+            finally:  # interrupted too (Ctrl-C): the records measured so far, written atomically
+                db.save()
+            timings["tune_gain"] = round(tuned.gain(), 3)
+            lap("tune", "render+build")
+        built = backend.build(plan, dump, db)
+        lap("render+build", "package")
+        manifest = _manifest(graph, plan, tgt, report, pass_stats, built.kernels, timings, model)
+        manifest.update(built.manifest)  # a library and its entry, or a GPU launch plan
+        members = built.members
+        manifest["memory"] = {"arena_bytes": memory.arena_bytes,
+                              "intermediate_bytes": memory.intermediate_bytes,
+                              "inplace": {str(k): v for k, v in sorted(memory.inplace.items())},
+                              "offsets": {str(k): v for k, v in sorted(memory.offsets.items())}}
+        if memory.deferred:  # symbolic sizes: the runtime places these per distinct size
+            manifest["memory"]["deferred"] = [[v, dim_json(n), a, b]
+                                              for v, n, a, b in memory.deferred]
+            manifest["memory"]["shared"] = {str(k): v for k, v in sorted(memory.shared.items())}
+        for vid, arr in plan.constants.items():
+            members[f"weights/{vid}.npy"] = array_bytes(arr)
+        lap("package")
+        art = Artifact(manifest, members, graph, timings)
+        if half is not None or backend.kind == "gpu":
+            progress.begin("check")
+            check = options.get("check_precision")
+            manifest["precision"] = _precision_record(art, reference, backend, half, tf32,
+                                                      True if check is None and bound else check,
+                                                      guard, bound)
+            lap("check")
+        manifest["compile_seconds"] = timings
+        return art
+    finally:
+        backend.end()
 
 
 def lower_only(model, target: str | Target = "host", shapes: dict | None = None) -> Plan:

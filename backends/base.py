@@ -42,6 +42,13 @@ class Backend:
         self.target = target
         self.options = dict(options or {})
 
+    def begin(self, graph) -> None:
+        """The imported graph is known: start what the build will need while the passes run
+        (GPU: compile worker processes). ``end`` follows the compile, failed or not."""
+
+    def end(self) -> None:
+        """Stop what ``begin`` started and the build did not use."""
+
     def check_graph(self, graph) -> None:
         """Refuse, all at once, what this backend cannot compile in the optimized graph."""
 

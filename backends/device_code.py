@@ -42,3 +42,22 @@ class Binary:
     global_scratch_align: int = 1
     profile_scratch: int = 0
     meta: dict = dataclasses.field(default_factory=dict)
+
+
+class AtFinish:
+    """A code generator's compiles, all at once when the build has rendered every function
+    (what a ``Codegen.compiles`` returns where compiling cannot start earlier)."""
+
+    def __init__(self, codegen, tgt) -> None:
+        self.codegen, self.tgt = codegen, tgt
+        self.functions: list[GpuFunction] = []
+
+    def add(self, f: GpuFunction) -> None:
+        self.functions.append(f)
+
+    def finish(self) -> dict[str, Binary]:
+        fns = self.functions
+        return self.codegen.compile(fns, self.codegen.module(fns), self.tgt) if fns else {}
+
+    def close(self) -> None:
+        pass

@@ -36,7 +36,7 @@ class AutoGpuBackend(GpuBackend):
         return None if rec is None else rec[0]
 
     def codegen_chooser(self, plan, db, sizes: SizeParams):
-        triton = TritonCodegen(self.target, sizes, self.allow_tf32)
+        triton = TritonCodegen(self.target, sizes, self.allow_tf32, self.spares)
         cuda = None
 
         def pick(k: Kernel):

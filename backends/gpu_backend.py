@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import NotImplementedYetError
+from ..graph_ir.ops import Kind
 from ..tensor_ir.kernel import size_bucket
 from ..tensor_ir.tuning_db import with_bucket
 from .base import Backend, Built
@@ -23,6 +24,24 @@ class GpuBackend(Backend):
     kind = "gpu"
     tf32 = True
     runs_here = False  # the --dtype check emulates the GPU's arithmetic
+    triton = True  # renders (some) kernels to Triton: compile workers are worth starting early
+    spares = None  # Triton compile workers started by ``begin``
+
+    def begin(self, graph) -> None:
+        """A model with at least PARALLEL_MIN contractions will compile at least as many
+        Triton functions in worker processes: start them now, so that they import triton
+        while the graph passes, lowering and rendering run (about 0.7 s of each worker's
+        start off the build's critical path)."""
+        if not self.triton or not self.options.get("aot", True) or self.spares is not None:
+            return
+        from .triton.toolchain import PARALLEL_MIN, Spares
+        if sum(n.op.kind is Kind.CONTRACTION for n in graph.nodes) >= PARALLEL_MIN:
+            self.spares = Spares()
+
+    def end(self) -> None:
+        if self.spares is not None:
+            self.spares.close()
+            self.spares = None
 
     @property
     def allow_tf32(self) -> bool:

@@ -42,7 +42,17 @@ class Codegen(Protocol):
     def render(self, k: Kernel, tuned: dict | None) -> list[GpuFunction]: ...
     def module(self, functions: list[GpuFunction]) -> str: ...
     def compile(self, functions: list[GpuFunction], source: str, tgt) -> dict[str, Binary]: ...
+    def compiles(self, tgt) -> Compiles: ...
     def version(self) -> str: ...
+
+
+class Compiles(Protocol):
+    """One build's compiles of one code generator: functions ``add``ed as they are rendered
+    (compiling may start then), ``finish`` -> name -> Binary, ``close`` in any case."""
+
+    def add(self, f: GpuFunction) -> None: ...
+    def finish(self) -> dict[str, Binary]: ...
+    def close(self) -> None: ...
 
 
 ALIGN = 256  # device allocations and temporaries (cudaMalloc's alignment)
@@ -61,8 +71,19 @@ def build_gpu(kernels: list[Kernel], tgt, codegen_of, sizes: SizeParams,
     sizes through the one table ``sizes``); ``tuned``: kernel name -> {stage:
     launch parameters} from the tuning database; ``constants``: kernel name -> {input buffer:
     value} (lets attention prove a mask causal); ``progress`` hears of kernels rendered and
-    functions compiled."""
+    functions compiled. Each function new to the build goes to its code generator's
+    ``compiles`` as soon as it is rendered: Triton compiles while the rest renders."""
     progress = progress or Progress()
+    compiles: dict[str, Compiles] = {}  # per code generator, started as it renders
+    try:
+        return _build(kernels, tgt, codegen_of, sizes, dump, aot, tuned, constants, progress,
+                      compiles)
+    finally:
+        for c in compiles.values():
+            c.close()
+
+
+def _build(kernels, tgt, codegen_of, sizes, dump, aot, tuned, constants, progress, compiles):
     plans, unique, info, scratch = {}, {}, [], 0
     used: dict[str, Codegen] = {}
     rendered: dict[tuple, list] = {}  # a model's repeated blocks render once
@@ -74,7 +95,13 @@ def build_gpu(kernels: list[Kernel], tgt, codegen_of, sizes: SizeParams,
         mine = (tuned or {}).get(k.name)
         key = (codegen.name, fused.structural_hash(), repr(mine))
         if key not in rendered:
+            before = len(unique)
             rendered[key] = _variants(fused, codegen, mine, unique)
+            if aot:  # each new function compiles while the rest renders
+                if codegen.name not in compiles:
+                    compiles[codegen.name] = codegen.compiles(tgt)
+                for f in list(unique.values())[before:]:
+                    compiles[codegen.name].add(f)
         variants = rendered[key]
         temps, temp_bytes = _temp_layout(fused, [fns for _, fns in variants])
         plan = {"launches": [_launch(f, fused, temps, warp) for f in variants[0][1]],
@@ -103,7 +130,7 @@ def build_gpu(kernels: list[Kernel], tgt, codegen_of, sizes: SizeParams,
         versions[codegen.name] = codegen.version()
         if aot and functions:
             progress.count("build", built, to_build, unit="functions")
-            compiled = codegen.compile(functions, source, tgt)
+            compiled = compiles[codegen.name].finish()
             built += len(functions)
             progress.count("build", built, to_build, unit="functions")
             _attach(plans, compiled)

@@ -7,8 +7,10 @@ Each model is exported with ONNX dynamic axes (bench.models, ``dynamic=True``) a
 with no shapes (symbolic) and with every input bound to the ``--static`` size. Every compile
 runs in a fresh interpreter with empty Triton and deploy caches (``TRITON_CACHE_DIR``,
 ``DEPLOY_CACHE_DIR``), so neither reuses binaries the other built; symbolic and static
-alternate, ``--reps`` times, and the table gives medians and their ratio. Deviceless for GPU
-targets: runs on a machine with no GPU.
+alternate, ``--reps`` times, and the table gives medians and their ratio, and the medians of the
+compile's own stages (``compile_seconds``: import, optimize, lower, render+build, package) and
+of the CPU seconds it used (this process and its compile workers). Deviceless for GPU targets:
+runs on a machine with no GPU.
 """
 from __future__ import annotations
 
@@ -24,15 +26,21 @@ from . import models
 from .symbolic import feed, is_text, parse_timing
 
 CHILD = """
-import json, sys, time
+import json, resource, sys, time
 import deploy
 path, target, dtype, shapes = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 art = deploy.compile(path, target=target, shapes=shapes or None,
                      **({} if dtype == "fp32" else {"dtype": dtype}))
+seconds = time.perf_counter() - t0
 n = sum(1 for name in art.members if name.endswith((".cubin", ".hsaco", ".so")))
-print(json.dumps({"seconds": time.perf_counter() - t0, "binaries": n}))
+cpu = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                            resource.getrusage(resource.RUSAGE_CHILDREN)))
+print(json.dumps({"seconds": seconds, "binaries": n, "cpu": cpu,
+                  "stages": art.manifest["compile_seconds"]}))
 """
+
+STAGES = ("import", "optimize", "lower", "render+build", "package")
 
 
 def cold_compile(path: str, target: str, dtype: str, shapes: dict | None) -> dict:
@@ -68,7 +76,18 @@ def measure(name: str, a) -> str:
     s = statistics.median(r["seconds"] for r in sym)
     f = statistics.median(r["seconds"] for r in fixed)
     return (f"| {name} | {s:.1f} | {f:.1f} ({label}) | {s / f:.2f} | "
-            f"{sym[0]['binaries']} / {fixed[0]['binaries']} |")
+            f"{sym[0]['binaries']} / {fixed[0]['binaries']} | {_stages(sym)} | {_stages(fixed)} | "
+            f"{_median(sym, 'cpu'):.0f} / {_median(fixed, 'cpu'):.0f} |")
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r.get(key, 0.0) for r in runs)
+
+
+def _stages(runs: list[dict]) -> str:
+    """Median seconds of each stage, in STAGES order."""
+    return " / ".join(f"{statistics.median(r['stages'].get(k, 0.0) for r in runs):.1f}"
+                      for k in STAGES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     print(f"### compile time, cold caches ({a.target}, {a.dtype}, {os.cpu_count()} CPUs, "
           f"median of {a.reps})\n")
-    print("| model | symbolic s | static s (size) | symbolic / static | binaries (sym / static) |")
-    print("|---|---:|---:|---:|---|")
+    stages = " / ".join(STAGES)
+    print("| model | symbolic s | static s (size) | symbolic / static | binaries (sym / static) | "
+          f"symbolic stages s ({stages}) | static stages s | CPU s (sym / static) |")
+    print("|---|---:|---:|---:|---|---|---|---|")
     for name in a.models:
         print(measure(name, a), flush=True)
     return 0

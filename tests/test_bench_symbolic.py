@@ -151,3 +151,4 @@ def test_compile_time_bench_compiles_cold_in_fresh_processes(capsys):
     row = capsys.readouterr().out.strip().splitlines()[-1].split("|")
     sym, static = float(row[2]), float(row[3].split()[0])
     assert sym > 0 and static > 0 and "32x128" in row[3]
+    assert len(row[6].split("/")) == len(compile_time.STAGES)  # the stages' seconds

@@ -201,24 +201,3 @@ def test_ctrl_c_during_a_tune_leaves_a_database_that_parses(tmp_path):
     hashes = {r["kernel_hash"] for r in _records_of(db)}
     assert "earlier" in hashes and len(hashes) >= 2  # (the measured kernel was saved)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-
-
-def _claim_all(counter: str, count: int, out: str) -> None:
-    from deploy.backends.triton.toolchain import _claims
-    Path(out).write_text(json.dumps(list(_claims(counter, count))))
-
-
-def test_compile_workers_claim_each_function_exactly_once(tmp_path):
-    """Triton compile workers share the functions through a counter file under a lock."""
-    counter = tmp_path / "next"
-    counter.write_text("0")
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_claim_all, args=(str(counter), 300, str(tmp_path / f"{k}")))
-             for k in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-        assert p.exitcode == 0
-    claimed = [i for k in range(4) for i in json.loads((tmp_path / f"{k}").read_text())]
-    assert sorted(claimed) == list(range(300))

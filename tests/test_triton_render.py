@@ -276,6 +276,15 @@ def test_aot_compile_produces_binaries(target, kinds, magic):
     assert art.manifest["library"] is None
 
 
+def test_binaries_keep_line_information_only_when_asked(monkeypatch):
+    """Line information (PTX ``.loc``/``.file``) is left out unless DEPLOY_GPU_LINEINFO=1: the
+    same machine code in a third of the bytes."""
+    ptx = deploy.compile(_mlp(), target="h100").members["gpu/k0_s0.ptx"]
+    assert b".entry k0_s0" in ptx and b".loc" not in ptx and b".file" not in ptx
+    monkeypatch.setenv("DEPLOY_GPU_LINEINFO", "1")
+    assert b".loc" in deploy.compile(_mlp(), target="h100").members["gpu/k0_s0.ptx"]
+
+
 def test_cli_compile_a100_and_inspect(tmp_path, capsys):
     from deploy.cli import main
     src = tmp_path / "mlp.onnx"

@@ -9,6 +9,7 @@ from .codegen import CudaCodegen
 
 class CudaBackend(GpuBackend):
     name = "cuda"
+    triton = False
 
     def codegen_chooser(self, plan, db, sizes):
         codegen = CudaCodegen(self.target, sizes, self.allow_tf32)

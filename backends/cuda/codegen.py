@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ...tensor_ir.kernel import Kernel
-from ..device_code import Binary, GpuFunction
+from ..device_code import AtFinish, Binary, GpuFunction
 from ..triton.fuse import fuse_stages
 from ..triton.sizes import SizeParams
 from .render import CudaRenderer
@@ -34,6 +34,9 @@ class CudaCodegen:
 
     def compile(self, functions: list[GpuFunction], source: str, tgt) -> dict[str, Binary]:
         return compile_cuda(functions, source, tgt)
+
+    def compiles(self, tgt) -> AtFinish:
+        return AtFinish(self, tgt)
 
     def version(self) -> str:
         major, minor = nvrtc_version()

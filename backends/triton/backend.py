@@ -18,5 +18,5 @@ class TritonBackend(GpuBackend):
         return launch_job(plan.kernels, self.target, level, db, self.allow_tf32)
 
     def codegen_chooser(self, plan, db, sizes):
-        codegen = TritonCodegen(self.target, sizes, self.allow_tf32)
+        codegen = TritonCodegen(self.target, sizes, self.allow_tf32, self.spares)
         return lambda k: codegen

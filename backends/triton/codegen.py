@@ -6,7 +6,7 @@ from ..device_code import Binary, GpuFunction
 from .fuse import fuse_stages
 from .render import TritonRenderer
 from .sizes import SizeParams
-from .toolchain import compile_functions, triton_version
+from .toolchain import Compiles, Spares, compile_functions, triton_version
 
 
 class TritonCodegen:
@@ -14,9 +14,11 @@ class TritonCodegen:
     source_member = "gpu/kernels.py"
     suffix = ".py"
 
-    def __init__(self, target, sizes: SizeParams, allow_tf32: bool = False) -> None:
+    def __init__(self, target, sizes: SizeParams, allow_tf32: bool = False,
+                 spares: Spares | None = None) -> None:
         self.renderer = TritonRenderer(target, allow_tf32=allow_tf32)
         self.renderer.sizes = sizes
+        self.spares = spares  # compile workers started early (GpuBackend.begin)
 
     def prepare(self, k: Kernel, constants: dict | None) -> Kernel:
         return fuse_stages(k, constants)
@@ -29,6 +31,10 @@ class TritonCodegen:
 
     def compile(self, functions: list[GpuFunction], source: str, tgt) -> dict[str, Binary]:
         return compile_functions(functions, source, tgt)
+
+    def compiles(self, tgt) -> Compiles:
+        """Compiles that start while the build renders (toolchain.Compiles)."""
+        return Compiles(tgt, spares=self.spares)
 
     def version(self) -> str:
         return triton_version()
