@@ -97,8 +97,8 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
             OUT_CODE[s.out], PATH_CODE[s.path]]
-    zw = names["zw"] if "zw" in names else "NULL"
+    zw = names.get("zw", "NULL")
     return [f"  /* int8 {s.path}: {s.m} x {s.n} x {s.k}, {s.out} out */",
             f"  static const dp_qgeom g_ = {{{', '.join(str(int(v)) for v in geom)}}};",
-            f"  dp_qgemm(&g_, {names['x']}, {names['w']}, {names['corr']}, {names['mult']}, "
-            f"{names['off']}, {zw}, {out});"]
+            (f"  dp_qgemm(&g_, {names['x']}, {names['w']}, {names['corr']}, {names['mult']}, "
+             f"{names['off']}, {zw}, {out});")]
