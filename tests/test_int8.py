@@ -14,7 +14,8 @@ off; ``quantize_static(reduce_range=True)`` exists for this). The models here th
 ``test_full_range_weights_are_exact`` checks 8-bit weights against ORT's unfused float
 execution of the QDQ graph (``ORT_DISABLE_ALL``). Every path
 runs here: ``avx2`` (the host's), ``vnni`` (vpdpbusd, emulated exactly with AVX2 where the
-compiler has no VNNI) and ``scalar``.
+compiler has no VNNI) and ``scalar``; on ``avx2`` the 7-bit weights take ``avx2-u8s8``
+(``vpmaddubsw``, exact for them) and the 8-bit ones the int16 widening.
 """
 from __future__ import annotations
 
@@ -122,10 +123,11 @@ def check(model, x, sy, target, folded=("QMatMul", "QConv"), ort_level=None):
     diff = np.abs(ours.astype(np.float64) - ref)
     if sy is None:  # a float output: both round float32 products of the same int32 sums
         np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
-        return
+        return art
     # at most one quantization step, on a small share of the outputs (rounding ties)
     assert diff.max() <= sy * 1.01, f"max diff {diff.max()} > one step {sy}"
     assert (diff > sy / 2).mean() <= 0.01, f"{(diff > sy / 2).mean():.3%} outputs differ"
+    return art
 
 
 def _ort(model, x, level=None):
@@ -191,7 +193,10 @@ def test_full_range_weights_are_exact(target, op):
         attrs, x_shape, w_shape = None, (7, 96), (96, 20)
     w = RNG.standard_normal(w_shape).astype(np.float32) * 0.2
     model, x, sy = qdq_model(op, x_shape, w, conv=attrs, w_max=127)
-    check(model, x, sy, target, ort_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    art = check(model, x, sy, target, ort_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    paths = {s["template"] for k in art.manifest["kernels"] for s in k["schedule"]
+             if s.get("template", "").startswith("int8")}
+    assert paths and "avx2-u8s8" not in " ".join(paths), paths  # 8-bit weights never take it
 
 
 def test_conv_nchw_target():

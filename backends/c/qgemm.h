@@ -10,6 +10,8 @@
        acc - x_zp' * colsum(w)[n] - w_zp[n] * rowsum(a)[m] + kp * x_zp' * w_zp[n], the column
        terms folded into corr[n] at compile time. Without VNNI in the compiler's flags the
        same packing runs through an exact AVX2 emulation (so the path is testable anywhere).
+     3 avx2-u8s8: the vnni packing with vpmaddubsw + vpmaddwd(1) for vpdpbusd, for weights
+       whose pairs fit int16 sums (7-bit weights, as quantize_static(reduce_range) makes).
    Epilogue: v = float(acc + corr[n]) * mult[n] + off[n]; float32 out, or
    saturate(round_half_even(v) + out_zp) as uint8 / int8. */
 #ifdef __AVX2__
@@ -44,7 +46,17 @@ static void dp_q_row16(const dp_qgeom* g, const void* x, int64_t m, int16_t* row
   int64_t pix = g->oh * g->ow, img = m / pix, p = m % pix, oy = p / g->ow, ox = p % g->ow, k = 0;
   const int32_t zx = g->x_zp;
   const int64_t c = g->c, sc = g->xs_c;
-  for (int64_t ky = 0; ky < g->kh; ky++)
+  const int64_t ix0 = ox * g->sw - g->pw, run = g->kw * c;
+  const int dense = sc == 1 && g->xs_w == c && g->dw == 1 && ix0 >= 0 && ix0 + g->kw <= g->iw;
+  for (int64_t ky = 0; ky < g->kh; ky++) {
+    int64_t base = dense ? dp_q_tap(g, img, oy, ox, ky, 0) : -1;
+    if (base >= 0) {  /* the window's row is one contiguous run of kw * c inputs */
+      int16_t* r = row + k;
+      if (g->x_signed) { const int8_t* s = (const int8_t*)x + base; for (int64_t i = 0; i < run; i++) r[i] = (int16_t)(s[i] - zx); }
+      else { const uint8_t* s = (const uint8_t*)x + base; for (int64_t i = 0; i < run; i++) r[i] = (int16_t)(s[i] - zx); }
+      k += run;
+      continue;
+    }
     for (int64_t kx = 0; kx < g->kw; kx++, k += c) {
       int64_t base = dp_q_tap(g, img, oy, ox, ky, kx);
       int16_t* r = row + k;
@@ -59,17 +71,27 @@ static void dp_q_row16(const dp_qgeom* g, const void* x, int64_t m, int16_t* row
         else for (int64_t i = 0; i < c; i++) r[i] = (int16_t)(s[i * sc] - zx);
       }
     }
+  }
   for (; k < g->kp; k++) row[k] = 0;
 }
 
 /* row m as uint8 (int8 activations + 128; padding and k padding the shifted zero point)
    (path 2); returns the row's sum */
-static int32_t dp_q_row8(const dp_qgeom* g, const void* x, int64_t m, uint8_t* row) {
+static int32_t dp_q_row8(const dp_qgeom* g, const void* x, int64_t m, uint8_t* row, int sum_it) {
   int64_t pix = g->oh * g->ow, img = m / pix, p = m % pix, oy = p / g->ow, ox = p % g->ow, k = 0;
   const uint8_t zx = (uint8_t)(g->x_signed ? g->x_zp + 128 : g->x_zp);
   const uint8_t flip = g->x_signed ? 0x80 : 0;
   const int64_t c = g->c, sc = g->xs_c;
-  for (int64_t ky = 0; ky < g->kh; ky++)
+  const int64_t ix0 = ox * g->sw - g->pw, run = g->kw * c;
+  const int dense = sc == 1 && g->xs_w == c && g->dw == 1 && ix0 >= 0 && ix0 + g->kw <= g->iw;
+  for (int64_t ky = 0; ky < g->kh; ky++) {
+    int64_t base = dense ? dp_q_tap(g, img, oy, ox, ky, 0) : -1;
+    if (base >= 0) {  /* one contiguous run */
+      const uint8_t* s = (const uint8_t*)x + base;
+      for (int64_t i = 0; i < run; i++) row[k + i] = s[i] ^ flip;
+      k += run;
+      continue;
+    }
     for (int64_t kx = 0; kx < g->kw; kx++, k += c) {
       int64_t base = dp_q_tap(g, img, oy, ox, ky, kx);
       uint8_t* r = row + k;
@@ -78,7 +100,9 @@ static int32_t dp_q_row8(const dp_qgeom* g, const void* x, int64_t m, uint8_t* r
       else if (sc == 1) for (int64_t i = 0; i < c; i++) r[i] = s[i] ^ flip;
       else for (int64_t i = 0; i < c; i++) r[i] = s[i * sc] ^ flip;
     }
+  }
   for (; k < g->kp; k++) row[k] = zx;
+  if (!sum_it) return 0;
   int32_t sum = 0;
   for (int64_t i = 0; i < g->kp; i++) sum += row[i];
   return sum;
@@ -152,26 +176,35 @@ static inline __m256i dp_dpbusd(__m256i c, __m256i a, __m256i b) {
 #define DP_QDOT(r) { __m256i v = _mm256_set1_epi32(ak[r]); \
   c##r##a = DP_DPBUSD(c##r##a, v, b0); c##r##b = DP_DPBUSD(c##r##b, v, b1); }
 
-static void dp_q_micro_vnni(const int32_t* a, const int8_t* b, int64_t kq, int32_t* acc) {
-  DP_QROWS(DP_QDECL)
-  for (int64_t q = 0; q < kq; q++) {
-    const __m256i b0 = _mm256_loadu_si256((const __m256i*)(b + q * 64));
-    const __m256i b1 = _mm256_loadu_si256((const __m256i*)(b + q * 64 + 32));
-    const int32_t* ak = a + q * DP_QMR;
-    DP_QROWS(DP_QDOT)
-  }
-  DP_QROWS(DP_QSTORE)
+#define DP_QMICRO8(name, DOT) \
+static void name(const int32_t* a, const int8_t* b, int64_t kq, int32_t* acc) { \
+  const __m256i ones = _mm256_set1_epi16(1); (void)ones; \
+  DP_QROWS(DP_QDECL) \
+  for (int64_t q = 0; q < kq; q++) { \
+    const __m256i b0 = _mm256_loadu_si256((const __m256i*)(b + q * 64)); \
+    const __m256i b1 = _mm256_loadu_si256((const __m256i*)(b + q * 64 + 32)); \
+    const int32_t* ak = a + q * DP_QMR; \
+    DP_QROWS(DOT) \
+  } \
+  DP_QROWS(DP_QSTORE) \
 }
+DP_QMICRO8(dp_q_micro_vnni, DP_QDOT)
+/* path 3, avx2-u8s8: vpmaddubsw's int16 pair sums are exact when every pair of weights has
+   |w0| + |w1| <= 128 (255 * 128 < 32768; backends/c/qgemm.py checks it at compile time) */
+#define DP_QDOT7(r) { __m256i v = _mm256_set1_epi32(ak[r]); \
+  c##r##a = _mm256_add_epi32(c##r##a, _mm256_madd_epi16(_mm256_maddubs_epi16(v, b0), ones)); \
+  c##r##b = _mm256_add_epi32(c##r##b, _mm256_madd_epi16(_mm256_maddubs_epi16(v, b1), ones)); }
+DP_QMICRO8(dp_q_micro_u8s8, DP_QDOT7)
 #endif
 
 /* ---- epilogue: rows [m0, m0 + rows) of one 16-column panel at n0 ---- */
-static void dp_q_store(const dp_qgeom* g, const int32_t* acc, int64_t m0, int64_t rows, int64_t n0,
-                       const int32_t* corr, const float* mult, const float* off,
+static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* obase, int64_t rows,
+                       int64_t n0, const int32_t* corr, const float* mult, const float* off,
                        const int32_t* zw, const int32_t* rsum, void* out) {
-  const int64_t pix = g->oh * g->ow, cols = g->n - n0 < DP_QNR ? g->n - n0 : DP_QNR;
+  const int64_t cols = g->n - n0 < DP_QNR ? g->n - n0 : DP_QNR;
   const int32_t lo = g->out_kind == 1 ? 0 : -128, hi = g->out_kind == 1 ? 255 : 127;
   for (int64_t r = 0; r < rows; r++) {
-    const int64_t m = m0 + r, base = (m / pix) * g->os_img + (m % pix) * g->os_pix + n0 * g->os_ch;
+    const int64_t base = obase[r] + n0 * g->os_ch;
     const int32_t rs = zw ? rsum[r] : 0;
 #ifdef __AVX2__
     if (cols == DP_QNR && g->os_ch == 1) {
@@ -213,10 +246,11 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, int64_t m0, int64_
 static void dp_q_tile(const dp_qgeom* g, const int32_t* a, const void* bp, int64_t kq,
                       int32_t* acc) {
 #ifdef __AVX2__
+  if (g->path == 3) { dp_q_micro_u8s8(a, (const int8_t*)bp, kq, acc); return; }
   if (g->path == 2) { dp_q_micro_vnni(a, (const int8_t*)bp, kq, acc); return; }
   if (g->path == 1) { dp_q_micro_avx2(a, (const int16_t*)bp, kq, acc); return; }
 #endif
-  if (g->path == 2) dp_q_micro_scalar8(a, (const int8_t*)bp, kq, acc);
+  if (g->path >= 2) dp_q_micro_scalar8(a, (const int8_t*)bp, kq, acc);
   else dp_q_micro_scalar16(a, (const int16_t*)bp, kq, acc);
 }
 
@@ -224,7 +258,7 @@ static void dp_q_tile(const dp_qgeom* g, const int32_t* a, const void* bp, int64
    packs its rows once and runs them against every panel of its run */
 static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int32_t* corr,
                      const float* mult, const float* off, const int32_t* zw, void* out) {
-  const int vnni = g->path == 2;
+  const int vnni = g->path >= 2;  /* uint8 rows, quads of k (vnni, avx2-u8s8) */
   const int64_t kq = vnni ? g->kp / 4 : g->kp / 2, panels = g->np / DP_QNR;
   int64_t mc = (160 * 1024) / (kq * 4) / DP_QMR * DP_QMR;
   const int64_t mfull = (g->m + DP_QMR - 1) / DP_QMR * DP_QMR;
@@ -247,15 +281,19 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
   for (int64_t t = 0; t < tiles; t++) {
     const int64_t mb = t / nsplit, nb = t % nsplit, m0 = mb * mc;
     const int64_t rows = g->m - m0 < mc ? g->m - m0 : mc, rblocks = (rows + DP_QMR - 1) / DP_QMR;
-    char* buf = (char*)dp_local(ablk + rowb + (size_t)mc * 4 + 64);
+    char* buf = (char*)dp_local(ablk + rowb + (size_t)mc * 12 + 64);
     if (!buf) continue;
     int32_t* A = (int32_t*)buf;
     int32_t* row = (int32_t*)(buf + ablk);
-    int32_t* rsum = (int32_t*)(buf + ablk + rowb);
+    int64_t* obase = (int64_t*)(buf + ablk + rowb);  /* where each row's outputs start */
+    int32_t* rsum = (int32_t*)(buf + ablk + rowb + (size_t)mc * 8);
+    const int64_t pix = g->oh * g->ow;
+    for (int64_t r = 0; r < rows; r++)
+      obase[r] = ((m0 + r) / pix) * g->os_img + ((m0 + r) % pix) * g->os_pix;
     for (int64_t r = 0; r < rblocks * DP_QMR; r++) {
       int32_t* dst = A + (r / DP_QMR) * kq * DP_QMR + r % DP_QMR;
       if (r >= rows) { rsum[r] = 0; for (int64_t q = 0; q < kq; q++) dst[q * DP_QMR] = 0; continue; }
-      if (vnni) rsum[r] = dp_q_row8(g, x, m0 + r, (uint8_t*)row);
+      if (vnni) rsum[r] = dp_q_row8(g, x, m0 + r, (uint8_t*)row, zw != NULL);
       else dp_q_row16(g, x, m0 + r, (int16_t*)row);
       for (int64_t q = 0; q < kq; q++) dst[q * DP_QMR] = row[q];
     }
@@ -266,7 +304,7 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
         int32_t acc[DP_QMR * DP_QNR];
         dp_q_tile(g, A + rb * kq * DP_QMR, bpan, kq, acc);
         const int64_t rr = rows - rb * DP_QMR < DP_QMR ? rows - rb * DP_QMR : DP_QMR;
-        dp_q_store(g, acc, m0 + rb * DP_QMR, rr, p * DP_QNR, corr, mult, off, zw,
+        dp_q_store(g, acc, obase + rb * DP_QMR, rr, p * DP_QNR, corr, mult, off, zw,
                    rsum + rb * DP_QMR, out);
       }
     }

@@ -22,15 +22,24 @@ from ...tensor_ir.kernel import Buffer
 from ...tensor_ir.qgemm import QGemmSpec, QGemmStage, weight_matrix
 
 NR = 16
-PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2}
+PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3}
+BYTE_PATHS = ("vnni", "avx2-u8s8")  # uint8 activations x int8 weights, quads of k
 OUT_CODE = {"float32": 0, "uint8": 1, "int8": 2}
 
 
 def kernel_path(spec: QGemmSpec, w: np.ndarray, path: str) -> str:
-    """The path one kernel takes: vnni needs int8 weights (u8 x s8); others run avx2's
-    layout (scalar where the target has no AVX2)."""
-    if path == "vnni" and w.dtype != np.int8:
+    """The path one kernel takes: vnni needs int8 weights (u8 x s8). On avx2, int8 weights
+    whose every pair along k has ``|w0| + |w1| <= 128`` (7-bit weights) take ``avx2-u8s8``:
+    ``vpmaddubsw`` (32 products per instruction) cannot saturate on them, so it is exact and
+    about 1.3x faster than widening to int16; other weights widen (``avx2``)."""
+    if path in ("vnni", "avx2") and w.dtype != np.int8:
         return "avx2"
+    if path == "avx2":
+        wm = np.abs(weight_matrix(spec, w).astype(np.int32))
+        if wm.shape[0] % 2:
+            wm = np.concatenate([wm, np.zeros((1, wm.shape[1]), np.int32)])
+        if (wm[0::2] + wm[1::2]).max(initial=0) <= 128:
+            return "avx2-u8s8"
     return path if path in PATH_CODE else "scalar"
 
 
@@ -40,14 +49,14 @@ def pack(spec: QGemmSpec, w, w_zp, bias, mult, offset, path: str) -> dict[str, n
     ``zw``."""
     wm = weight_matrix(spec, w).astype(np.int32)
     k, n = wm.shape
-    unit = 4 if path == "vnni" else 2
+    unit = 4 if path in BYTE_PATHS else 2
     kp, np_ = -(-k // unit) * unit, -(-n // NR) * NR
     zw = np.zeros(np_, np.int32)
     zw[:n] = w_zp
     corr = np.zeros(np_, np.int64)
     corr[:n] = bias
     out = {}
-    if path == "vnni":
+    if path in BYTE_PATHS:
         full = np.zeros((kp, np_), np.int8)
         full[:k, :n] = wm
         zx = spec.x_zp + (128 if spec.x_signed else 0)
@@ -64,7 +73,7 @@ def pack(spec: QGemmSpec, w, w_zp, bias, mult, offset, path: str) -> dict[str, n
         padded = np.zeros(np_, np.float32)
         padded[:n] = v
         out[key] = padded
-    if path == "vnni" and zw.any():
+    if path in BYTE_PATHS and zw.any():
         out["zw"] = zw
     return out
 
@@ -92,7 +101,7 @@ def pack_kernel(k, step: dict, plan, target_path: str):
 def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     """The call of ``dp_qgemm`` for one stage; ``names`` maps its packed inputs to C names."""
     s = st.spec
-    unit = 4 if s.path == "vnni" else 2
+    unit = 4 if s.path in BYTE_PATHS else 2
     kp, np_ = -(-s.k // unit) * unit, -(-s.n // NR) * NR
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
