@@ -256,6 +256,9 @@ static void dp_q_tile(const dp_qgeom* g, const int32_t* a, const void* bp, int64
 
 /* the whole contraction: tiles of (mc rows, a run of panels) shared among threads; each tile
    packs its rows once and runs them against every panel of its run */
+/* not inlined or cloned per call site: one copy serves every kernel (a clone per constant
+   geometry would be compiled, and fully unrolled, once per layer) */
+__attribute__((noinline, noclone))
 static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int32_t* corr,
                      const float* mult, const float* off, const int32_t* zw, void* out) {
   const int vnni = g->path >= 2;  /* uint8 rows, quads of k (vnni, avx2-u8s8) */
