@@ -790,6 +790,12 @@ def inspect_report(path: str, contents) -> dict:
     }
 
 
+def _int8_str(k: dict) -> str:
+    """``  int8 avx2`` for a kernel that runs an integer contraction template, else ''."""
+    names = [s.get("template", "") for s in k.get("schedule", [])]
+    return "".join(f"  {n}" for n in names if n.startswith("int8"))
+
+
 def _print_symbols(r: dict) -> None:
     """Symbolic dims with their ranges, and those bound for the whole artifact (and why)."""
     dims = r.get("symbols", {})
@@ -845,7 +851,7 @@ def _print_inspect(r: dict) -> None:
     print(f"kernels:  kernel_count {r['kernel_count']}" + _codegen_summary(r))
     for k in r["kernels"]:
         print(f"  {k['symbol']:<6} {k['op'] or '?':<14} node '{k['node']}'  hash {k['hash']}"
-              + (f"  {k['codegen']}" if k.get("codegen") else "")
+              + (f"  {k['codegen']}" if k.get("codegen") else "") + _int8_str(k)
               + ("  tuned" if k["tuned"] else "") + (f"  ({k['note']})" if k["note"] else ""))
     print(f"host ops: {', '.join(r['host_ops']) or 'none (every op runs as generated code)'}")
     if r.get("precision"):

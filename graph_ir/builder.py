@@ -34,6 +34,10 @@ class Builder:
         self.constants: dict[Value, np.ndarray] = {}
         # shape values: int64 tensors known at compile time as expressions (symfold.py)
         self.sym_values: dict[Value, np.ndarray] = {}
+        # deferred constants: values known at compile time whose folding waits for the `fold`
+        # pass, so that earlier passes still see how they were made (a quantized weight's
+        # DequantizeLinear, kept for the `int8` pass); nodes of them are deferred too
+        self.deferred: set[Value] = set()
         self._names: set[str] = set()
 
     # ---- values ---------------------------------------------------------------------------
@@ -71,6 +75,10 @@ class Builder:
         self.sym_values[v] = array
         return v
 
+    def is_known(self, v: Value | None) -> bool:
+        """``v`` is a constant, or a deferred one (known at compile time, folded later)."""
+        return v is not None and (v in self.deferred or self.value_of(v) is not None)
+
     def value_of(self, v: Value | None) -> np.ndarray | None:
         """The compile-time value of ``v`` (a constant, or a shape value as an object array of
         ints and ``Sym``), or None when it is only known at run time."""
@@ -92,6 +100,12 @@ class Builder:
                                   for k in range(len(types))]
         if any(v in self.sym_values for v in inputs if v is not None):
             return self._fold_symbolic(op, inputs, attrs, out_names, types)
+        if any(v in self.deferred for v in inputs if v is not None) and all(
+                v is None or v in self.deferred or v in self.constants for v in inputs):
+            outs = tuple(Value(self.fresh(n), t) for n, t in zip(out_names, types))
+            self.nodes.append(Node(op, inputs, outs, attrs, node_name))
+            self.deferred.update(outs)
+            return list(outs)
         if self.fold and self._foldable(op, inputs, types):
             arrays = op.reference([self.value_of(v) for v in inputs], attrs)
             return [self.const(a, n, t.dtype) for a, n, t in zip(arrays, out_names, types)]

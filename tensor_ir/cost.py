@@ -36,6 +36,7 @@ from ..graph_ir.types import DType
 from .attention import AttentionStage, fuse_attention
 from .expr import B, Binary, Cast, Expr, Load, R, Reduce, Unary, children, sym_prod
 from .kernel import Kernel, Stage
+from .qgemm import QGemmStage
 
 PEAK_KEY = {DType.float16: "fp16", DType.bfloat16: "bf16", DType.float32: "fp32",
             DType.float64: "fp64"}
@@ -68,6 +69,11 @@ def kernel_cost(k: Kernel, constants: dict | None = None) -> Cost:
         k = fuse_attention(k, constants)
     flops, loaded, peak = 0, {}, None
     for st in k.stages:
+        if isinstance(st, QGemmStage):  # int8 multiply-adds; every input read once
+            flops = st.flops + flops
+            loaded.update({b.name: None for b in k.inputs})
+            peak = peak or "int8"
+            continue
         if isinstance(st, AttentionStage):
             flops = _attention_flops(st) + flops
             for b in _attention_reads(st):

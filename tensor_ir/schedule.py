@@ -24,6 +24,7 @@ from .expr import (
     walk,
 )
 from .kernel import Kernel, Stage
+from .qgemm import QGemmStage
 
 PARALLEL_MIN_WORK = 1 << 18  # multiply-adds below which an OpenMP region costs more than it gives
 # rows of contiguous dot products (norm statistics): each thread streams whole rows, so sharing
@@ -106,6 +107,8 @@ def tunable_stages(kernel: Kernel, vector_bits: int = 512) -> list[int]:
 
 def stage_work(stage: Stage) -> int:
     """Points times reduction extents: a proxy for a stage's cost (multiply-adds)."""
+    if isinstance(stage, QGemmStage):
+        return stage.flops // 2
     if isinstance(stage, AttentionStage):  # q k^T and p v
         sp = stage.spec
         rows = 1
@@ -400,6 +403,9 @@ def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None,
     for k, stage in enumerate(kernel.stages):
         if isinstance(stage, AttentionStage):  # a template of its own (backends render it)
             out.append(StageSchedule(template="attention"))
+            continue
+        if isinstance(stage, QGemmStage):  # integer contraction: the backend's int8 template
+            out.append(StageSchedule(template=f"int8 {stage.spec.path or 'contraction'}"))
             continue
         if stage.store_index is not None and _symbolic(stage):
             out.append(StageSchedule())  # a scatter over run-time sizes runs in order

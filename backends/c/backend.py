@@ -23,6 +23,7 @@ from ...tensor_ir.schedule import default_schedule, stage_work
 from ...tensor_ir.tuning_db import with_bucket
 from ..base import Backend, Built
 from .attention import supported as attention_supported
+from .qgemm import pack_kernel as pack_qgemm
 from .render import CRenderer, kernel_symbols
 from .toolchain import build_shared_library
 from .tune import c_job, tune_kernels
@@ -69,7 +70,8 @@ def target_features(tgt) -> dict:
 
 
 def _host_isa() -> list[str]:
-    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "asimd")
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
+              "avx_vnni", "asimd")
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
@@ -100,6 +102,9 @@ def _build(plan, tgt, dump: Path | None, db, feats: dict,
         k, tuned = _fuse_attention(k, tuned, constants.get(k.name))
         sched = default_schedule(k, tuned, tgt.vector_bits)
         k, sched = _pack_weights(k, sched, step, plan, tuned, tgt.vector_bits)
+        packed = pack_qgemm(k, step, plan, tgt.int8_path(feats.get("isa", ())))
+        if packed is not k:  # int8 weights packed for the target's path
+            k, sched = packed, default_schedule(packed, None, tgt.vector_bits)
         src = renderer.kernel(k, sched)
         if kernel_symbols(k):
             step["dims"] = True  # the runtime passes the symbols' values after the buffers

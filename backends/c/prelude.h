@@ -89,8 +89,11 @@ static inline int64_t dp_f2i(double f) { return isfinite(f) ? (int64_t)f : 0; }
 static inline int32_t dp_wrap_s(int64_t v, int bits) { int64_t m = (1ll << bits) - 1; v &= m; return (int32_t)(v >> (bits - 1) ? v - m - 1 : v); }
 static inline int32_t dp_wrap_u(int64_t v, int bits) { return (int32_t)(v & ((1ll << bits) - 1)); }
 /* NaN-propagating max/min; | (not ||) keeps them branch-free, so they vectorize */
-#define DP_MAX(a, b) (((a) > (b)) | ((a) != (a)) ? (a) : (b))
-#define DP_MIN(a, b) (((a) < (b)) | ((a) != (a)) ? (a) : (b))
+/* each operand written once (statement expressions): a macro that repeats its operands grows
+   exponentially when nested (a QDQ model's chain of clamps: DP_MIN(DP_MAX(...)) six deep made
+   one line of BERT-base's GELU gigabytes for gcc) */
+#define DP_MAX(a, b) ({ __auto_type a_ = (a); __auto_type b_ = (b); (a_ > b_) | (a_ != a_) ? a_ : b_; })
+#define DP_MIN(a, b) ({ __auto_type a_ = (a); __auto_type b_ = (b); (a_ < b_) | (a_ != a_) ? a_ : b_; })
 #define DP_SIGN(a) ((a) > 0 ? 1 : ((a) < 0 ? -1 : 0))
 static inline int64_t dp_pymod_i(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t dp_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }

@@ -34,6 +34,7 @@ from ...tensor_ir.expr import (
 )
 from ...tensor_ir.kernel import Buffer, Kernel, Stage
 from ...tensor_ir.pack import tile_index
+from ...tensor_ir.qgemm import QGemmStage
 from ...tensor_ir.schedule import (
     PARALLEL_MIN_WORK,
     StageSchedule,
@@ -42,9 +43,11 @@ from ...tensor_ir.schedule import (
     stage_work,
 )
 from .attention import render_attention
+from .qgemm import render_qgemm
 from .sizes import c_size, size_var
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
+QGEMM_H = (Path(__file__).parent / "qgemm.h").read_text()  # only in modules that call dp_qgemm
 
 F = "{f}"  # float-function suffix placeholder: "f" for float, "" for double
 COLLAPSE_BELOW = 64  # GEMM nests with fewer outer tiles share (outer, inner) tile pairs among threads
@@ -167,10 +170,12 @@ class CRenderer:
 
     # ---- module / kernel ---------------------------------------------------------------
     def module(self, rendered: list[str]) -> str:
-        return PRELUDE + "\n" + "\n".join(rendered)
+        body = "\n".join(rendered)
+        return PRELUDE + "\n" + (QGEMM_H + "\n" if "dp_qgemm(" in body else "") + body
 
     def kernel(self, k: Kernel, schedules: list[StageSchedule]) -> str:
         self._tmp = 0  # fresh names per kernel: equal kernels render equal (compiler dedups)
+        self.first_input = k.inputs[0].name if k.inputs else ""
         self.buffers = {b.name: b for b in (*k.inputs, *k.outputs, *k.temps,
                                             *(a for a, _ in k.aliases))}
         lines = [f"/* {k.note} */" if k.note else "", f"void {k.name}(void* const* args) {{"]
@@ -203,6 +208,9 @@ class CRenderer:
     def stage(self, st: Stage, sched: StageSchedule) -> list[str]:
         if isinstance(st, AttentionStage):
             return render_attention(self, st, _ident(st.out))
+        if isinstance(st, QGemmStage):
+            names = {key: _ident(f"q{key}") for key in st.weights}
+            return render_qgemm(st, dict(names, x=_ident(self.first_input)), _ident(st.out))
         out = self.buffers[st.out]
         if sched.gemm is not None:
             return self._stage_gemm(st, out, sched)

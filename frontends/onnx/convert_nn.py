@@ -48,7 +48,7 @@ def convert_gemm(cx, node, ins):
     attr = lambda k, d: cx.attr(node, k, d)
     if attr("transA", 0):
         a = cx.b.op(mv.Transpose, a, perm=(1, 0))
-    if attr("transB", 0) and cx.b.value_of(b) is None:
+    if attr("transB", 0) and not cx.b.is_known(b):
         # a run-time B^T is read in place (a dot product per output) instead of transposed
         y = cx.b.op(ct.Einsum, a, b, name=node.name, equation="ik,jk->ij")
     else:

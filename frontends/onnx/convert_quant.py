@@ -22,6 +22,9 @@ F32 = DType.float32
 QUANT_TYPES = (DType.int8, DType.uint8, DType.int16, DType.uint16, DType.int32, DType.int4,
                DType.uint4, DType.int2, DType.uint2, DType.float8e4m3fn, DType.float8e4m3fnuz,
                DType.float8e5m2, DType.float8e5m2fnuz, DType.float4e2m1)
+# constant DequantizeLinear inputs the `int8` pass may fold into an integer contraction (weights
+# and int32 biases): their dequantization folds in the `fold` pass, not while importing
+DEFERRED_WEIGHTS = (DType.int8, DType.uint8, DType.int32)
 
 
 def broadcast_param(cx, p, x_shape, axis: int, block: int):
@@ -110,6 +113,8 @@ def convert_dequantize(cx, node, ins):
     _check(x.dtype, "DequantizeLinear")
     out_attr = int(cx.attr(node, "output_dtype", 0) or 0)
     out = DType.from_onnx(out_attr) if out_attr else scale.dtype
+    if x.dtype in DEFERRED_WEIGHTS and cx.b.value_of(x) is not None:
+        cx.b.deferred.add(x)  # a quantized weight or bias: kept visible to the `int8` pass
     y = to_f32(cx, x)
     if zp is not None:
         y = cx.b.op(ew.Sub, y, to_f32(cx, _params(cx, node, x, zp)))

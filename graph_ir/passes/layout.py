@@ -34,7 +34,7 @@ def to_channels_last(node: Node, rw: Rewriter) -> Value | None:
                                    or node.attrs["indices"] or node.attrs["storage_order"]):
         return None
     ins = [rw.emit("Transpose", [x], node.name + "_nhwc", perm=TO_NHWC)]
-    if node.op.name == "Conv":
+    if node.op.name in ("Conv", "QConv"):
         w = rw.const(node.inputs[1])
         if w is None:
             return None
@@ -123,7 +123,7 @@ def layout(g: Graph, target=None) -> Graph:
     if target is None or getattr(target, "preferred_layout", "NCHW") != "NHWC":
         return g
     from ..ops import OPS
-    convert = [(op, to_channels_last) for op in ("Conv", "Pool")
+    convert = [(op, to_channels_last) for op in ("Conv", "Pool", "QConv")
                if op in OPS and "layout" in OPS[op].attrs]
     if not convert:
         return g

@@ -21,9 +21,11 @@ from .fuse import fuse
 from .layout import layout
 from .merge import merge_projections
 from .precision import convert_precision
+from .quantized import fold_qdq
 from .simplify import simplify
 
 PIPELINE = [
+    ("int8", fold_qdq),  # QDQ MatMul/Gemm/Conv -> integer contractions (before weights fold)
     ("simplify", simplify),  # algebraic identities, transpose/reshape/cast chains
     ("fold", fold_constants),  # all-constant nodes -> constants (via the op references)
     ("cse", cse),  # one node per distinct computation

@@ -1,5 +1,14 @@
 """Lowering of graph-IR nodes to tensor-IR kernels. Importing registers every family."""
-from . import contraction, elementwise, movement, nn, reduction, sampling, signal  # noqa: F401
+from . import (  # noqa: F401
+    contraction,
+    elementwise,
+    movement,
+    nn,
+    quant,
+    reduction,
+    sampling,
+    signal,
+)
 from .driver import lower_node
 from .registry import LOWERINGS, LowerCtx, lowering
 

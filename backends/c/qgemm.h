@@ -1,0 +1,315 @@
+/* ---- int8 contractions (tensor_ir/qgemm.py, backends/c/qgemm.py) -------------------------
+   out[m, n] = epilogue(sum_k (a[m, k] - x_zp) * (w[k, n] - w_zp[n])), exact in int32.
+   Rows m are packed per block of DP_QMR at run time (a convolution's im2col rows gathered on
+   the fly, padding = the zero point); the weight was packed at compile time into panels of
+   DP_QNR columns. Paths (the target's int8_path):
+     1 avx2, 0 scalar: a - x_zp and w - w_zp as int16 (exact), pairs along k;
+       _mm256_madd_epi16 multiplies and adds each pair into int32 lanes (no saturation:
+       |a - x_zp|, |w - w_zp| <= 255, so a pair sums to at most 130050).
+     2 vnni: a as uint8 (int8 activations + 128), w as int8, quads along k; vpdpbusd, then
+       acc - x_zp' * colsum(w)[n] - w_zp[n] * rowsum(a)[m] + kp * x_zp' * w_zp[n], the column
+       terms folded into corr[n] at compile time. Without VNNI in the compiler's flags the
+       same packing runs through an exact AVX2 emulation (so the path is testable anywhere).
+     3 avx2-u8s8: the vnni packing with vpmaddubsw + vpmaddwd(1) for vpdpbusd, for weights
+       whose pairs fit int16 sums (7-bit weights, as quantize_static(reduce_range) makes).
+   Epilogue: v = float(acc + corr[n]) * mult[n] + off[n]; float32 out, or
+   saturate(round_half_even(v) + out_zp) as uint8 / int8. */
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define DP_QMR 6
+#define DP_QNR 16
+
+typedef struct {
+  int64_t m, n, kp, np;                        /* rows, columns, k padded, columns padded */
+  int64_t oh, ow, ih, iw, c, kh, kw, sh, sw, ph, pw, dh, dw;
+  int64_t xs_img, xs_h, xs_w, xs_c;            /* input strides (elements) */
+  int64_t os_img, os_pix, os_ch;               /* output strides */
+  int32_t x_zp, out_zp;
+  int x_signed, out_kind, path;                /* out_kind: 0 float32, 1 uint8, 2 int8 */
+} dp_qgeom;
+
+/* the input element of row m at window tap (ky, kx), or -1 outside the image (padding) */
+static inline int64_t dp_q_tap(const dp_qgeom* g, int64_t img, int64_t oy, int64_t ox, int64_t ky,
+                               int64_t kx) {
+  int64_t iy = oy * g->sh - g->ph + ky * g->dh, ix = ox * g->sw - g->pw + kx * g->dw;
+  if (iy < 0 || iy >= g->ih || ix < 0 || ix >= g->iw) return -1;
+  return img * g->xs_img + iy * g->xs_h + ix * g->xs_w;
+}
+
+/* row m as int16 a - x_zp (paths 0, 1); k padding 0 */
+static void dp_q_row16(const dp_qgeom* g, const void* x, int64_t m, int16_t* row) {
+  int64_t pix = g->oh * g->ow, img = m / pix, p = m % pix, oy = p / g->ow, ox = p % g->ow, k = 0;
+  const int32_t zx = g->x_zp;
+  const int64_t c = g->c, sc = g->xs_c;
+  const int64_t ix0 = ox * g->sw - g->pw, run = g->kw * c;
+  const int dense = sc == 1 && g->xs_w == c && g->dw == 1 && ix0 >= 0 && ix0 + g->kw <= g->iw;
+  for (int64_t ky = 0; ky < g->kh; ky++) {
+    int64_t base = dense ? dp_q_tap(g, img, oy, ox, ky, 0) : -1;
+    if (base >= 0) {  /* the window's row is one contiguous run of kw * c inputs */
+      int16_t* r = row + k;
+      if (g->x_signed) { const int8_t* s = (const int8_t*)x + base; for (int64_t i = 0; i < run; i++) r[i] = (int16_t)(s[i] - zx); }
+      else { const uint8_t* s = (const uint8_t*)x + base; for (int64_t i = 0; i < run; i++) r[i] = (int16_t)(s[i] - zx); }
+      k += run;
+      continue;
+    }
+    for (int64_t kx = 0; kx < g->kw; kx++, k += c) {
+      int64_t base = dp_q_tap(g, img, oy, ox, ky, kx);
+      int16_t* r = row + k;
+      if (base < 0) { memset(r, 0, (size_t)c * sizeof(int16_t)); continue; }
+      if (g->x_signed) {
+        const int8_t* s = (const int8_t*)x + base;
+        if (sc == 1) for (int64_t i = 0; i < c; i++) r[i] = (int16_t)(s[i] - zx);
+        else for (int64_t i = 0; i < c; i++) r[i] = (int16_t)(s[i * sc] - zx);
+      } else {
+        const uint8_t* s = (const uint8_t*)x + base;
+        if (sc == 1) for (int64_t i = 0; i < c; i++) r[i] = (int16_t)(s[i] - zx);
+        else for (int64_t i = 0; i < c; i++) r[i] = (int16_t)(s[i * sc] - zx);
+      }
+    }
+  }
+  for (; k < g->kp; k++) row[k] = 0;
+}
+
+/* row m as uint8 (int8 activations + 128; padding and k padding the shifted zero point)
+   (path 2); returns the row's sum */
+static int32_t dp_q_row8(const dp_qgeom* g, const void* x, int64_t m, uint8_t* row, int sum_it) {
+  int64_t pix = g->oh * g->ow, img = m / pix, p = m % pix, oy = p / g->ow, ox = p % g->ow, k = 0;
+  const uint8_t zx = (uint8_t)(g->x_signed ? g->x_zp + 128 : g->x_zp);
+  const uint8_t flip = g->x_signed ? 0x80 : 0;
+  const int64_t c = g->c, sc = g->xs_c;
+  const int64_t ix0 = ox * g->sw - g->pw, run = g->kw * c;
+  const int dense = sc == 1 && g->xs_w == c && g->dw == 1 && ix0 >= 0 && ix0 + g->kw <= g->iw;
+  for (int64_t ky = 0; ky < g->kh; ky++) {
+    int64_t base = dense ? dp_q_tap(g, img, oy, ox, ky, 0) : -1;
+    if (base >= 0) {  /* one contiguous run */
+      const uint8_t* s = (const uint8_t*)x + base;
+      for (int64_t i = 0; i < run; i++) row[k + i] = s[i] ^ flip;
+      k += run;
+      continue;
+    }
+    for (int64_t kx = 0; kx < g->kw; kx++, k += c) {
+      int64_t base = dp_q_tap(g, img, oy, ox, ky, kx);
+      uint8_t* r = row + k;
+      const uint8_t* s = (const uint8_t*)x + base;
+      if (base < 0) memset(r, zx, (size_t)c);
+      else if (sc == 1) for (int64_t i = 0; i < c; i++) r[i] = s[i] ^ flip;
+      else for (int64_t i = 0; i < c; i++) r[i] = s[i * sc] ^ flip;
+    }
+  }
+  for (; k < g->kp; k++) row[k] = zx;
+  if (!sum_it) return 0;
+  int32_t sum = 0;
+  for (int64_t i = 0; i < g->kp; i++) sum += row[i];
+  return sum;
+}
+
+/* ---- micro-kernels: acc[DP_QMR][DP_QNR] over kq 32-bit units of k ---- */
+static void dp_q_micro_scalar16(const int32_t* a, const int16_t* b, int64_t kq, int32_t* acc) {
+  int32_t t[DP_QMR * DP_QNR] = {0};
+  for (int64_t q = 0; q < kq; q++) {
+    const int16_t* bq = b + q * 2 * DP_QNR;
+    for (int r = 0; r < DP_QMR; r++) {
+      int16_t a2[2];
+      memcpy(a2, a + q * DP_QMR + r, 4);
+      for (int j = 0; j < DP_QNR; j++)
+        t[r * DP_QNR + j] += a2[0] * bq[2 * j] + a2[1] * bq[2 * j + 1];
+    }
+  }
+  memcpy(acc, t, sizeof t);
+}
+
+static void dp_q_micro_scalar8(const int32_t* a, const int8_t* b, int64_t kq, int32_t* acc) {
+  int32_t t[DP_QMR * DP_QNR] = {0};
+  for (int64_t q = 0; q < kq; q++) {
+    const int8_t* bq = b + q * 4 * DP_QNR;
+    for (int r = 0; r < DP_QMR; r++) {
+      uint8_t a4[4];
+      memcpy(a4, a + q * DP_QMR + r, 4);
+      for (int j = 0; j < DP_QNR; j++)
+        for (int u = 0; u < 4; u++) t[r * DP_QNR + j] += a4[u] * bq[4 * j + u];
+    }
+  }
+  memcpy(acc, t, sizeof t);
+}
+
+#ifdef __AVX2__
+#define DP_QROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define DP_QDECL(r) __m256i c##r##a = _mm256_setzero_si256(), c##r##b = _mm256_setzero_si256();
+#define DP_QSTORE(r) _mm256_storeu_si256((__m256i*)(acc + r * 16), c##r##a); \
+  _mm256_storeu_si256((__m256i*)(acc + r * 16 + 8), c##r##b);
+#define DP_QMADD(r) { __m256i v = _mm256_set1_epi32(ak[r]); \
+  c##r##a = _mm256_add_epi32(c##r##a, _mm256_madd_epi16(v, b0)); \
+  c##r##b = _mm256_add_epi32(c##r##b, _mm256_madd_epi16(v, b1)); }
+
+static void dp_q_micro_avx2(const int32_t* a, const int16_t* b, int64_t kq, int32_t* acc) {
+  DP_QROWS(DP_QDECL)
+  for (int64_t q = 0; q < kq; q++) {
+    const __m256i b0 = _mm256_loadu_si256((const __m256i*)(b + q * 32));
+    const __m256i b1 = _mm256_loadu_si256((const __m256i*)(b + q * 32 + 16));
+    const int32_t* ak = a + q * DP_QMR;
+    DP_QROWS(DP_QMADD)
+  }
+  DP_QROWS(DP_QSTORE)
+}
+
+#if defined(__AVXVNNI__)
+#define DP_DPBUSD(c, a, b) _mm256_dpbusd_avx_epi32(c, a, b)
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DP_DPBUSD(c, a, b) _mm256_dpbusd_epi32(c, a, b)
+#else
+/* vpdpbusd emulated exactly: even and odd bytes widened to int16 (a zero-extended, b
+   sign-extended), two madds, summed per 32-bit lane */
+static inline __m256i dp_dpbusd(__m256i c, __m256i a, __m256i b) {
+  const __m256i lo8 = _mm256_set1_epi16(0x00ff);
+  __m256i ae = _mm256_and_si256(a, lo8), ao = _mm256_srli_epi16(a, 8);
+  __m256i be = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8), bo = _mm256_srai_epi16(b, 8);
+  return _mm256_add_epi32(c, _mm256_add_epi32(_mm256_madd_epi16(ae, be),
+                                              _mm256_madd_epi16(ao, bo)));
+}
+#define DP_DPBUSD(c, a, b) dp_dpbusd(c, a, b)
+#endif
+#define DP_QDOT(r) { __m256i v = _mm256_set1_epi32(ak[r]); \
+  c##r##a = DP_DPBUSD(c##r##a, v, b0); c##r##b = DP_DPBUSD(c##r##b, v, b1); }
+
+#define DP_QMICRO8(name, DOT) \
+static void name(const int32_t* a, const int8_t* b, int64_t kq, int32_t* acc) { \
+  const __m256i ones = _mm256_set1_epi16(1); (void)ones; \
+  DP_QROWS(DP_QDECL) \
+  for (int64_t q = 0; q < kq; q++) { \
+    const __m256i b0 = _mm256_loadu_si256((const __m256i*)(b + q * 64)); \
+    const __m256i b1 = _mm256_loadu_si256((const __m256i*)(b + q * 64 + 32)); \
+    const int32_t* ak = a + q * DP_QMR; \
+    DP_QROWS(DOT) \
+  } \
+  DP_QROWS(DP_QSTORE) \
+}
+DP_QMICRO8(dp_q_micro_vnni, DP_QDOT)
+/* path 3, avx2-u8s8: vpmaddubsw's int16 pair sums are exact when every pair of weights has
+   |w0| + |w1| <= 128 (255 * 128 < 32768; backends/c/qgemm.py checks it at compile time) */
+#define DP_QDOT7(r) { __m256i v = _mm256_set1_epi32(ak[r]); \
+  c##r##a = _mm256_add_epi32(c##r##a, _mm256_madd_epi16(_mm256_maddubs_epi16(v, b0), ones)); \
+  c##r##b = _mm256_add_epi32(c##r##b, _mm256_madd_epi16(_mm256_maddubs_epi16(v, b1), ones)); }
+DP_QMICRO8(dp_q_micro_u8s8, DP_QDOT7)
+#endif
+
+/* ---- epilogue: rows [m0, m0 + rows) of one 16-column panel at n0 ---- */
+static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* obase, int64_t rows,
+                       int64_t n0, const int32_t* corr, const float* mult, const float* off,
+                       const int32_t* zw, const int32_t* rsum, void* out) {
+  const int64_t cols = g->n - n0 < DP_QNR ? g->n - n0 : DP_QNR;
+  const int32_t lo = g->out_kind == 1 ? 0 : -128, hi = g->out_kind == 1 ? 255 : 127;
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t base = obase[r] + n0 * g->os_ch;
+    const int32_t rs = zw ? rsum[r] : 0;
+#ifdef __AVX2__
+    if (cols == DP_QNR && g->os_ch == 1) {
+      __m256i q[2];
+      for (int h = 0; h < 2; h++) {
+        __m256i t = _mm256_add_epi32(_mm256_loadu_si256((const __m256i*)(acc + r * 16 + 8 * h)),
+                                     _mm256_loadu_si256((const __m256i*)(corr + n0 + 8 * h)));
+        if (zw) t = _mm256_sub_epi32(t, _mm256_mullo_epi32(
+            _mm256_loadu_si256((const __m256i*)(zw + n0 + 8 * h)), _mm256_set1_epi32(rs)));
+        __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(t), _mm256_loadu_ps(mult + n0 + 8 * h)),
+                                 _mm256_loadu_ps(off + n0 + 8 * h));
+        if (g->out_kind == 0) { _mm256_storeu_ps((float*)out + base + 8 * h, v); continue; }
+        __m256i qi = _mm256_add_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(g->out_zp));
+        q[h] = _mm256_min_epi32(_mm256_max_epi32(qi, _mm256_set1_epi32(lo)), _mm256_set1_epi32(hi));
+      }
+      if (g->out_kind != 0) {
+        __m256i p16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+        __m128i l = _mm256_castsi256_si128(p16), u = _mm256_extracti128_si256(p16, 1);
+        __m128i b8 = g->out_kind == 1 ? _mm_packus_epi16(l, u) : _mm_packs_epi16(l, u);
+        _mm_storeu_si128((__m128i*)((char*)out + base), b8);
+      }
+      continue;
+    }
+#endif
+    for (int64_t j = 0; j < cols; j++) {
+      int32_t t = acc[r * DP_QNR + j] + corr[n0 + j] - (zw ? zw[n0 + j] * rs : 0);
+      float v = (float)t * mult[n0 + j];
+      v = v + off[n0 + j];
+      int64_t o = base + j * g->os_ch;
+      if (g->out_kind == 0) { ((float*)out)[o] = v; continue; }
+      int32_t qi = (int32_t)nearbyintf(v) + g->out_zp;
+      qi = qi < lo ? lo : qi > hi ? hi : qi;
+      if (g->out_kind == 1) ((uint8_t*)out)[o] = (uint8_t)qi;
+      else ((int8_t*)out)[o] = (int8_t)qi;
+    }
+  }
+}
+
+static void dp_q_tile(const dp_qgeom* g, const int32_t* a, const void* bp, int64_t kq,
+                      int32_t* acc) {
+#ifdef __AVX2__
+  if (g->path == 3) { dp_q_micro_u8s8(a, (const int8_t*)bp, kq, acc); return; }
+  if (g->path == 2) { dp_q_micro_vnni(a, (const int8_t*)bp, kq, acc); return; }
+  if (g->path == 1) { dp_q_micro_avx2(a, (const int16_t*)bp, kq, acc); return; }
+#endif
+  if (g->path >= 2) dp_q_micro_scalar8(a, (const int8_t*)bp, kq, acc);
+  else dp_q_micro_scalar16(a, (const int16_t*)bp, kq, acc);
+}
+
+/* the whole contraction: tiles of (mc rows, a run of panels) shared among threads; each tile
+   packs its rows once and runs them against every panel of its run */
+/* not inlined or cloned per call site: one copy serves every kernel (a clone per constant
+   geometry would be compiled, and fully unrolled, once per layer) */
+__attribute__((noinline, noclone))
+static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int32_t* corr,
+                     const float* mult, const float* off, const int32_t* zw, void* out) {
+  const int vnni = g->path >= 2;  /* uint8 rows, quads of k (vnni, avx2-u8s8) */
+  const int64_t kq = vnni ? g->kp / 4 : g->kp / 2, panels = g->np / DP_QNR;
+  int64_t mc = (160 * 1024) / (kq * 4) / DP_QMR * DP_QMR;
+  const int64_t mfull = (g->m + DP_QMR - 1) / DP_QMR * DP_QMR;
+  mc = mc < DP_QMR ? DP_QMR : mc > 96 ? 96 : mc;
+  mc = mc > mfull ? mfull : mc;
+  const int64_t mblocks = (g->m + mc - 1) / mc;
+#ifdef _OPENMP
+  const int64_t threads = omp_get_max_threads();
+#else
+  const int64_t threads = 1;
+#endif
+  int64_t nsplit = 1;
+  while (mblocks * nsplit < 4 * threads && nsplit * 2 <= panels) nsplit *= 2;
+  const int64_t ppt = (panels + nsplit - 1) / nsplit;
+  nsplit = (panels + ppt - 1) / ppt;
+  const int64_t tiles = mblocks * nsplit;
+  const size_t ablk = (size_t)mc * kq * 4, rowb = (size_t)kq * 4;
+  const int big = g->m * g->n * g->kp > 65536;
+#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1 && big)
+  for (int64_t t = 0; t < tiles; t++) {
+    const int64_t mb = t / nsplit, nb = t % nsplit, m0 = mb * mc;
+    const int64_t rows = g->m - m0 < mc ? g->m - m0 : mc, rblocks = (rows + DP_QMR - 1) / DP_QMR;
+    char* buf = (char*)dp_local(ablk + rowb + (size_t)mc * 12 + 64);
+    if (!buf) continue;
+    int32_t* A = (int32_t*)buf;
+    int32_t* row = (int32_t*)(buf + ablk);
+    int64_t* obase = (int64_t*)(buf + ablk + rowb);  /* where each row's outputs start */
+    int32_t* rsum = (int32_t*)(buf + ablk + rowb + (size_t)mc * 8);
+    const int64_t pix = g->oh * g->ow;
+    for (int64_t r = 0; r < rows; r++)
+      obase[r] = ((m0 + r) / pix) * g->os_img + ((m0 + r) % pix) * g->os_pix;
+    for (int64_t r = 0; r < rblocks * DP_QMR; r++) {
+      int32_t* dst = A + (r / DP_QMR) * kq * DP_QMR + r % DP_QMR;
+      if (r >= rows) { rsum[r] = 0; for (int64_t q = 0; q < kq; q++) dst[q * DP_QMR] = 0; continue; }
+      if (vnni) rsum[r] = dp_q_row8(g, x, m0 + r, (uint8_t*)row, zw != NULL);
+      else dp_q_row16(g, x, m0 + r, (int16_t*)row);
+      for (int64_t q = 0; q < kq; q++) dst[q * DP_QMR] = row[q];
+    }
+    const int64_t p1 = (nb + 1) * ppt < panels ? (nb + 1) * ppt : panels;
+    for (int64_t p = nb * ppt; p < p1; p++) {
+      const char* bpan = (const char*)bp + p * kq * 64;
+      for (int64_t rb = 0; rb < rblocks; rb++) {
+        int32_t acc[DP_QMR * DP_QNR];
+        dp_q_tile(g, A + rb * kq * DP_QMR, bpan, kq, acc);
+        const int64_t rr = rows - rb * DP_QMR < DP_QMR ? rows - rb * DP_QMR : DP_QMR;
+        dp_q_store(g, acc, obase + rb * DP_QMR, rr, p * DP_QNR, corr, mult, off, zw,
+                   rsum + rb * DP_QMR, out);
+      }
+    }
+  }
+}

@@ -1,0 +1,96 @@
+"""Op table: integer contractions of quantized operands (``QMatMul``, ``QConv``).
+
+The ``int8`` pass (``graph_ir/passes/quantized.py``) makes them from a QDQ model's
+``DequantizeLinear -> MatMul/Gemm/Conv [-> bias] [-> QuantizeLinear]`` groups. Inputs:
+
+- ``x``: the uint8 / int8 activations (``[..., K]`` for QMatMul; NCHW, or NHWC with
+  ``layout="NHWC"``, for QConv), with the per-tensor zero point ``x_zp`` (an attribute);
+- ``w``: the int8 / uint8 weight (``[K, N]``; OIHW, or HWIO with ``layout="NHWC"``);
+- ``w_zp``: int32 ``[N]``, one zero point per output channel (per-tensor ones repeated);
+- ``bias``: int32 ``[N]``, added to the accumulator (ONNX's int32 bias at scale ``sx * sw``);
+- ``mult``, ``offset``: float32 ``[N]``: ``v = float(acc + bias) * mult + offset``.
+
+``acc = sum_k (x - x_zp) * (w - w_zp)`` is exact (int64 here, int32 in the kernels). With
+``out_dtype`` float32 the output is ``v``; with uint8 / int8 it is
+``saturate(round_half_even(v) + out_zp)`` (``mult`` and ``offset`` then already divided by the
+output scale), as ONNX Runtime's QLinearConv / QLinearMatMul requantize.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..types import DType
+from .contraction import Conv
+from .registry import REQUIRED, Kind, define
+
+OUT_TYPES = ("float32", "uint8", "int8")
+
+
+def _out_dtype(ins, attrs):
+    if attrs["out_dtype"] not in OUT_TYPES:
+        raise ValueError(f"out_dtype '{attrs['out_dtype']}' is not one of {OUT_TYPES}")
+    return [DType[attrs["out_dtype"]]]
+
+
+def _epilogue(acc: np.ndarray, ins, attrs, axis: int) -> np.ndarray:
+    """``acc`` int64 with output channels on ``axis`` -> the float or requantized output."""
+    shape = [1] * acc.ndim
+    shape[axis] = -1
+    bias, mult, offset = (np.asarray(a).reshape(shape) for a in ins[3:6])
+    v = (acc + bias).astype(np.float32) * mult.astype(np.float32) + offset.astype(np.float32)
+    if attrs["out_dtype"] == "float32":
+        return v.astype(np.float32)
+    info = np.iinfo(DType[attrs["out_dtype"]].np)
+    q = np.rint(v).astype(np.int64) + attrs["out_zp"]
+    return np.clip(q, info.min, info.max).astype(info.dtype)
+
+
+def _qmatmul_shape(ins, attrs):
+    x, w = ins[0], ins[1]
+    if len(w.shape) != 2 or x.shape[-1] != w.shape[0]:
+        raise ValueError(f"QMatMul: x {list(x.shape)} @ w {list(w.shape)}: w must be [K, N] "
+                         f"with K the last dim of x")
+    return [tuple(x.shape[:-1]) + (w.shape[1],)]
+
+
+def _qmatmul_ref(ins, attrs):
+    x, w, w_zp = ins[0], ins[1], ins[2]
+    xs = x.astype(np.int64) - attrs["x_zp"]
+    ws = w.astype(np.int64) - np.asarray(w_zp, np.int64).reshape(1, -1)
+    acc = np.matmul(xs, ws)
+    return [_epilogue(acc, ins, attrs, acc.ndim - 1)]
+
+
+QMatMul = define("QMatMul", Kind.OPAQUE, _qmatmul_shape, _out_dtype, _qmatmul_ref,
+                 x_zp=0, out_dtype="float32", out_zp=0,
+                 doc="x[..., K] @ w[K, N] in integers (zero points subtracted), then "
+                     "float(acc + bias) * mult + offset, requantized unless out_dtype is float32.")
+
+
+def _qconv_shape(ins, attrs):
+    (out,) = Conv.shape_rule(ins[:2], _conv_attrs(attrs))
+    return [out]
+
+
+def _conv_attrs(attrs) -> dict:
+    return {"strides": attrs["strides"], "pads": attrs["pads"], "dilations": attrs["dilations"],
+            "group": 1, "layout": attrs["layout"]}
+
+
+def _qconv_ref(ins, attrs):
+    x, w, w_zp = ins[0], ins[1], ins[2]
+    # float64 holds every partial sum exactly (|acc| < 2^53): the conv reference computes it
+    xs = x.astype(np.float64) - attrs["x_zp"]
+    zshape = (1, 1, 1, -1) if attrs["layout"] == "NHWC" else (-1, 1, 1, 1)
+    ws = w.astype(np.float64) - np.asarray(w_zp, np.float64).reshape(zshape)
+    (acc,) = Conv.reference([xs, ws], _conv_attrs(attrs))
+    axis = 3 if attrs["layout"] == "NHWC" else 1
+    return [_epilogue(np.rint(acc).astype(np.int64), ins, attrs, axis)]
+
+
+QConv = define("QConv", Kind.OPAQUE, _qconv_shape, _out_dtype, _qconv_ref,
+               strides=REQUIRED, pads=REQUIRED, dilations=REQUIRED, layout="NCHW", x_zp=0,
+               out_dtype="float32", out_zp=0,
+               doc="2-D convolution (group 1) of quantized x and w in integers, then the "
+                   "QMatMul epilogue per output channel.")
+

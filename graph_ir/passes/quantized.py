@@ -1,0 +1,252 @@
+"""The ``int8`` pass: QDQ contractions -> integer contractions (``QMatMul``, ``QConv``).
+
+ONNX Runtime's ``quantize_static`` (QDQ format) writes every quantized layer as
+``Q(Conv(DQ(Q(x)), DQ(w_int8), DQ(bias_int32)))``. The frontend decomposes Q and DQ into float
+math (``frontends/onnx/convert_quant.py``) and keeps the weights' DQ unfolded (deferred
+constants) until this pass has looked at them. The rules, tried to a fixpoint:
+
+1. ``MatMul/Conv(DQ(xq), DQ(wq))`` -> ``QMatMul/QConv(xq, wq)`` with a float32 output
+   (``DQ(v) = (float(v) - zp) * s``; the activation per tensor, the weight per tensor or per
+   output channel; a Gemm's constant ``B^T`` is a transposed weight);
+2. ``Add(Q*(...)_float, bias)`` -> the bias joins the epilogue: in the int32 accumulator when it
+   is ``DQ(int32, scale = sx * sw, zero point 0)`` (ONNX Runtime's form), else as a float offset;
+3. ``Q(Q*(...)_float)`` -> the same contraction writing uint8 / int8 (``mult / sy``, ``+ zp``,
+   saturated): the requantization runs in the kernel's epilogue.
+
+Before: ``%y = Cast(Min(Max(Add(Round(Div(Conv(Mul(Sub(Cast(%xq), 128), 0.02), %w_f32), 0.1),
+3), 0), 255), uint8)``. After: ``%y = QConv(%xq, %wq, %w_zp, %bias, %mult, %offset)`` with
+``out_dtype=uint8``. Anything else (a per-channel activation scale, a weight quantized along K,
+an activation scale that is not a constant) keeps the float decomposition, which the `fold`
+pass then folds as before. Targets whose ``int8_path`` is ``none`` (GPUs) skip the pass.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph, Node, Value
+from ..types import DType
+from .dce import dce
+from .rewrite import Rewriter, rewrite
+
+QTYPES = (DType.uint8, DType.int8)
+QOPS = ("QMatMul", "QConv")
+
+
+def _scalar(rw: Rewriter, v: Value | None) -> float | None:
+    c = rw.const(v)
+    if c is None or c.size != 1:
+        return None
+    return float(np.asarray(c).reshape(()))
+
+
+def _evaluate(rw: Rewriter, v: Value, depth: int = 8) -> np.ndarray | None:
+    """The compile-time value of ``v``: a constant, or a deferred one (a chain of nodes over
+    constants, evaluated with the op table's references)."""
+    c = rw.const(v)
+    if c is not None or depth == 0:
+        return c
+    n = rw.prod(v)
+    if n is None or len(n.outputs) != 1:
+        return None
+    ins = [None if i is None else _evaluate(rw, i, depth - 1) for i in n.inputs]
+    if any(a is None and i is not None for a, i in zip(ins, n.inputs)):
+        return None
+    return np.asarray(n.op.reference(ins, n.attrs)[0], dtype=v.dtype.np)
+
+
+def _dequantized(rw: Rewriter, v: Value):
+    """``v = (float(q) - zp) * s`` -> (q, zp, s) as values / constants, else None."""
+    mul = rw.prod(v, "Mul")
+    if mul is None or v.dtype is not DType.float32:
+        return None
+    s = rw.const(mul.inputs[1])
+    if s is None:
+        return None
+    sub, zp = rw.prod(mul.inputs[0], "Sub"), np.zeros((), np.float32)
+    cast = rw.prod(sub.inputs[0] if sub is not None else mul.inputs[0], "Cast")
+    if sub is not None:
+        zp = rw.const(sub.inputs[1])
+        if zp is None:
+            return None
+    if cast is None or cast.inputs[0].dtype not in (*QTYPES, DType.int32):
+        return None
+    return cast.inputs[0], np.asarray(zp, np.float64), np.asarray(s, np.float32)
+
+
+def _activation(rw: Rewriter, v: Value):
+    """A per-tensor DQ of a run-time uint8 / int8 value -> (xq, x_zp, x_scale)."""
+    d = _dequantized(rw, v)
+    if d is None or d[0].dtype not in QTYPES or rw.const(d[0]) is not None:
+        return None
+    xq, zp, s = d
+    if zp.size != 1 or s.size != 1 or float(zp.reshape(())) != int(zp.reshape(())):
+        return None
+    return xq, int(zp.reshape(())), np.float32(s.reshape(()))
+
+
+def _weight(rw: Rewriter, v: Value, out_axis: int):
+    """A DQ of a constant int8 / uint8 weight (per tensor or per ``out_axis`` channel), maybe
+    transposed (a Gemm's B^T) -> (wq, zp[N] int32, scale[N] float32), else None."""
+    perm = None
+    t = rw.prod(v, "Transpose")
+    if t is not None:
+        perm, v = tuple(t.attrs["perm"]), t.inputs[0]
+    d = _dequantized(rw, v)
+    if d is None or d[0].dtype not in QTYPES:
+        return None
+    wq = _evaluate(rw, d[0])
+    if wq is None:
+        return None
+    if perm is not None:
+        wq = np.ascontiguousarray(wq.transpose(perm))
+    zp = np.broadcast_to(d[1], v.shape)
+    s = np.broadcast_to(d[2], v.shape)
+    if perm is not None:
+        zp, s = zp.transpose(perm), s.transpose(perm)
+    zp, s = np.moveaxis(zp, out_axis, 0), np.moveaxis(s, out_axis, 0)
+    zp1, s1 = zp.reshape(zp.shape[0], -1), s.reshape(s.shape[0], -1)
+    if not ((zp1 == zp1[:, :1]).all() and (s1 == s1[:, :1]).all()):
+        return None  # quantized along the reduction: not one scale per output channel
+    zq = zp1[:, 0]
+    if (zq != np.rint(zq)).any():
+        return None
+    return wq, zq.astype(np.int32), s1[:, 0].astype(np.float32)
+
+
+def contraction(node: Node, rw: Rewriter) -> Value | None:
+    # MatMul/Conv(DQ(xq), DQ(wq)) -> QMatMul/QConv(xq, wq) with a float32 output
+    is_conv = node.op.name == "Conv"
+    if is_conv and (node.attrs["group"] != 1 or node.attrs["layout"] != "NCHW"
+                    or len(node.inputs[0].shape) != 4):
+        return None
+    if not is_conv and (len(node.inputs[1].shape) != 2 or len(node.inputs[0].shape) < 2):
+        return None
+    if not all(isinstance(d, int) for d in node.inputs[0].shape):
+        return None
+    x = _activation(rw, node.inputs[0])
+    w = _weight(rw, node.inputs[1], 0 if is_conv else 1)
+    if x is None or w is None:
+        return None
+    (xq, x_zp, sx), (wq, w_zp, sw) = x, w
+    n = sw.shape[0]
+    mult = (sx * sw).astype(np.float32)
+    bias, offset = np.zeros(n, np.int32), np.zeros(n, np.float32)
+    if is_conv and len(node.inputs) > 2 and node.inputs[2] is not None:
+        b = _bias(rw, node.inputs[2], mult, n)
+        if b is None:
+            return None
+        bias, offset = b
+    ins = [xq, rw.new_const(wq, node.name + "_wq", _like(wq, xq)),
+           *_vectors(rw, node.name, w_zp, bias, mult, offset, xq)]
+    if is_conv:
+        attrs = {k: node.attrs[k] for k in ("strides", "pads", "dilations")}
+        return rw.emit("QConv", ins, node.name, x_zp=x_zp, **attrs)
+    return rw.emit("QMatMul", ins, node.name, x_zp=x_zp)
+
+
+def _like(arr: np.ndarray, v: Value):
+    """A stand-in value whose dtype ``new_const`` takes (the array's own)."""
+    from ..types import TensorType
+    return Value("dtype", TensorType(tuple(arr.shape), DType.from_np(arr.dtype)))
+
+
+def _vectors(rw: Rewriter, name: str, w_zp, bias, mult, offset, like: Value) -> list[Value]:
+    arrays = (("w_zp", w_zp.astype(np.int32)), ("bias", bias.astype(np.int32)),
+              ("mult", mult.astype(np.float32)), ("offset", offset.astype(np.float32)))
+    return [rw.new_const(a, f"{name}_{k}", _like(a, like)) for k, a in arrays]
+
+
+def _bias(rw: Rewriter, v: Value, mult: np.ndarray, n: int):
+    """A bias over the output channels -> (int32 bias, float32 offset): integer when it is
+    DQ(int32) at exactly the accumulator's scale with zero point 0 (ONNX Runtime adds it to
+    the int32 accumulator then), else a float offset added after scaling."""
+    d = _dequantized(rw, v)
+    if d is not None and d[0].dtype is DType.int32 and not d[1].any():
+        q = _evaluate(rw, d[0])
+        s = np.broadcast_to(d[2], v.shape).reshape(-1)
+        if q is not None and q.size == n and s.size == n and (s == mult).all():
+            return q.reshape(n).astype(np.int32), np.zeros(n, np.float32)
+    f = _evaluate(rw, v)
+    if f is None or f.size not in (1, n) or f.dtype != np.float32:
+        return None
+    return np.zeros(n, np.int32), np.broadcast_to(f.reshape(-1), (n,)).astype(np.float32)
+
+
+def _qnode(rw: Rewriter, v: Value | None, out: str = "float32") -> Node | None:
+    n = rw.prod(v)
+    if n is None or n.op.name not in QOPS or n.attrs["out_dtype"] != out or not rw.single_use(v):
+        return None
+    return n
+
+
+def _channel_axis(node: Node) -> int:
+    return 1 if node.op.name == "QConv" and node.attrs["layout"] == "NCHW" else \
+        len(node.outputs[0].shape) - 1
+
+
+def add_bias(node: Node, rw: Rewriter) -> Value | None:
+    # Add(Q*(x)_float, b) -> Q*(x) with b in its epilogue (b per output channel or scalar)
+    for k in (0, 1):
+        q = _qnode(rw, node.inputs[k])
+        other = node.inputs[1 - k]
+        if q is None or other is None or node.outputs[0].shape != q.outputs[0].shape:
+            continue
+        shape, axis = q.outputs[0].shape, _channel_axis(q)
+        n = shape[axis]
+        want = [1] * len(shape)
+        want[axis] = n
+        oshape = (1,) * (len(shape) - len(other.shape)) + tuple(other.shape)
+        if any(d != 1 and d != w for d, w in zip(oshape, want)):
+            continue
+        ins = list(q.inputs)
+        b = _bias(rw, other, rw.const(ins[4]), n)
+        if b is None:
+            continue
+        bias = rw.const(ins[3]) + b[0]
+        offset = rw.const(ins[5]) + b[1]
+        ins[3] = rw.new_const(bias.astype(np.int32), q.name + "_bias", ins[3])
+        ins[5] = rw.new_const(offset.astype(np.float32), q.name + "_offset", ins[5])
+        return rw.emit(q.op.name, ins, q.name, **q.attrs)
+    return None
+
+
+def requantize(node: Node, rw: Rewriter) -> Value | None:
+    # Cast(Min(Max(Add(Round(Div(Q*(x)_float, sy)), zy), lo), hi)) -> Q*(x) writing uint8/int8
+    to = node.outputs[0].dtype
+    if to not in QTYPES:
+        return None
+    info = np.iinfo(to.np)
+    mn = rw.prod(node.inputs[0], "Min")
+    mx = rw.prod(mn.inputs[0], "Max") if mn is not None else None
+    if mx is None or _scalar(rw, mn.inputs[1]) != info.max or _scalar(rw, mx.inputs[1]) != info.min:
+        return None
+    add = rw.prod(mx.inputs[0], "Add")
+    zy = _scalar(rw, add.inputs[1]) if add is not None else 0.0
+    rnd = rw.prod(add.inputs[0] if add is not None else mx.inputs[0], "Round")
+    div = rw.prod(rnd.inputs[0], "Div") if rnd is not None else None
+    sy = _scalar(rw, div.inputs[1]) if div is not None else None
+    if zy is None or sy is None or zy != int(zy) or not sy > 0:
+        return None
+    chain = [v for v in (div.outputs[0], rnd.outputs[0], add and add.outputs[0], mx.outputs[0],
+                         mn.outputs[0]) if v is not None]
+    q = _qnode(rw, div.inputs[0])
+    if q is None or not all(rw.single_use(v) for v in chain):
+        return None
+    ins = list(q.inputs)
+    sy32 = np.float32(sy)
+    ins[4] = rw.new_const((rw.const(ins[4]) / sy32).astype(np.float32), q.name + "_mult", ins[4])
+    ins[5] = rw.new_const((rw.const(ins[5]) / sy32).astype(np.float32), q.name + "_offset",
+                          ins[5])
+    return rw.emit(q.op.name, ins, q.name, **dict(q.attrs, out_dtype=to.name, out_zp=int(zy)))
+
+
+RULES = [("MatMul", contraction), ("Conv", contraction), ("Add", add_bias), ("Cast", requantize)]
+
+
+def fold_qdq(g: Graph, target=None) -> Graph:
+    """Integer contractions for QDQ groups (see the module docstring) on targets with int8
+    kernels."""
+    if target is None or target.int8_path() == "none":
+        return g
+    g, fired = rewrite(g, RULES)
+    return dce(g) if fired else g

@@ -1,0 +1,15 @@
+"""Lowering of the integer contractions (``QMatMul``, ``QConv``): one ``QGemmStage`` each."""
+from __future__ import annotations
+
+from ...graph_ir.ops.quant import QConv, QMatMul
+from ..expr import Const
+from ..kernel import Stage, domain_vars
+from ..qgemm import QGemmStage, qgemm_spec
+from .registry import LowerCtx, lowering
+
+
+@lowering(QMatMul, QConv)
+def lower_qgemm(ctx: LowerCtx) -> list[Stage]:
+    out = ctx.out
+    return [QGemmStage(out.name, domain_vars(out.shape), tuple(out.shape), Const(0, out.dtype),
+                       spec=qgemm_spec(ctx), weights=tuple(b.name for b in ctx.ins[1:]))]

@@ -1,0 +1,100 @@
+"""Integer contractions (``QMatMul``, ``QConv``) as one templated stage: ``QGemmStage``.
+
+Both are ``out[m, n] = epilogue(sum_k (a[m, k] - x_zp) * (w[k, n] - w_zp[n]))`` with ``m`` the
+output rows (a MatMul's rows; a convolution's output pixels, image by image), ``k`` the
+reduction (a convolution's window taps times input channels, in HWC order) and ``n`` the output
+channels. ``QGemmSpec`` holds that geometry as numbers: how row ``m``'s ``k``-th activation is
+read from ``x`` (strides, window, padding, so a convolution packs its im2col rows on the fly) and
+where ``out[m, n]`` is stored. Backends render the stage with a template of their own
+(``backends/c/qgemm.py``); the weight is packed for the kernel at compile time there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..graph_ir.types import DType
+from .kernel import Stage
+
+
+@dataclass(frozen=True)
+class QGemmSpec:
+    m: int  # output rows
+    n: int  # output channels
+    k: int  # reduction length (kh * kw * c)
+    x_signed: bool  # activations int8 (else uint8)
+    x_zp: int
+    out: str  # "float32", "uint8" or "int8"
+    out_zp: int
+    # row m = (image, pixel): pixel = oy * ow + ox; a MatMul is one pixel per image, 1 x 1
+    oh: int = 1
+    ow: int = 1
+    ih: int = 1
+    iw: int = 1
+    c: int = 0  # input channels (k for a MatMul)
+    kh: int = 1
+    kw: int = 1
+    stride: tuple[int, int] = (1, 1)
+    pad: tuple[int, int] = (0, 0)  # top, left
+    dilation: tuple[int, int] = (1, 1)
+    x_strides: tuple[int, int, int, int] = (0, 0, 0, 1)  # image, row, column, channel
+    out_strides: tuple[int, int, int] = (0, 0, 1)  # image, pixel, channel
+    weight_layout: str = "KN"  # the graph's weight: KN (a MatMul's), OIHW or HWIO
+    path: str = ""  # the kernels that run it (the target's int8_path), set by the backend
+
+
+@dataclass(frozen=True)
+class QGemmStage(Stage):
+    spec: QGemmSpec | None = None
+    weights: tuple[str, ...] = ()  # the kernel's constant inputs: w, w_zp, bias, mult, offset
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.spec.m * self.spec.n * self.spec.k
+
+
+def _strides(shape) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+def qgemm_spec(ctx) -> QGemmSpec:
+    """The spec of a QMatMul / QConv node being lowered (``ctx``: its ``LowerCtx``)."""
+    node, x, out = ctx.node, ctx.ins[0], ctx.out
+    common = {"x_signed": x.dtype is DType.int8, "x_zp": int(ctx.attr("x_zp")),
+              "out": ctx.attr("out_dtype"), "out_zp": int(ctx.attr("out_zp"))}
+    if node.op.name == "QMatMul":
+        k, n = ctx.ins[1].shape
+        m = x.numel // k
+        return QGemmSpec(m=m, n=n, k=k, c=k, weight_layout="KN", x_strides=(k, 0, 0, 1), out_strides=(n, 0, 1),
+                         **common)
+    nhwc = ctx.attr("layout") == "NHWC"
+    if nhwc:
+        nb, ih, iw, c = x.shape
+        kh, kw, _, n = ctx.ins[1].shape
+        _, oh, ow, _ = out.shape
+        xs = _strides(x.shape)
+        x_strides = (xs[0], xs[1], xs[2], xs[3])
+        out_strides = (oh * ow * n, n, 1)
+    else:
+        nb, c, ih, iw = x.shape
+        n, _, kh, kw = ctx.ins[1].shape
+        _, _, oh, ow = out.shape
+        xs = _strides(x.shape)
+        x_strides = (xs[0], xs[2], xs[3], xs[1])
+        out_strides = (n * oh * ow, 1, oh * ow)
+    pads = ctx.attr("pads")
+    return QGemmSpec(m=nb * oh * ow, n=n, k=kh * kw * c, oh=oh, ow=ow, ih=ih, iw=iw, c=c, kh=kh,
+                     kw=kw, stride=tuple(ctx.attr("strides")), pad=(pads[0], pads[1]),
+                     dilation=tuple(ctx.attr("dilations")), x_strides=x_strides,
+                     out_strides=out_strides, weight_layout="HWIO" if nhwc else "OIHW", **common)
+
+
+def weight_matrix(spec: QGemmSpec, w):
+    """The weight as the [K, N] matrix of the GEMM (K in the spec's kh, kw, c order)."""
+    if spec.weight_layout == "KN":
+        return w
+    hwio = w if spec.weight_layout == "HWIO" else w.transpose(2, 3, 1, 0)
+    return hwio.reshape(-1, hwio.shape[-1])

@@ -1,0 +1,272 @@
+"""int8 QDQ contractions on CPU targets (the `int8` pass, QMatMul / QConv, backends/c/qgemm.h).
+
+Each model is ``DQ(Q(x)) -> MatMul / Gemm / Conv <- DQ(w_int8) [+ DQ(bias_int32)] -> Q -> DQ``
+as onnxruntime.quantization writes it, on fresh random inputs, compared with ONNX Runtime's
+int8 execution of the same model. Both compute the accumulator exactly in integers; the
+requantization rounds ``float(acc) * (sx * sw / sy)`` on both sides, so outputs agree to one
+quantization step where a product lands on a rounding tie (most match exactly).
+
+ONNX Runtime's AVX2 u8 x s8 kernels (no VNNI, as on the test machine) multiply with
+``vpmaddubsw``, whose int16 pair sums saturate once ``|x * w|`` pairs exceed 32767: with full
+8-bit weights its "int8" results are then not the model's exact integers (up to tens of steps
+off; ``quantize_static(reduce_range=True)`` exists for this). The models here therefore use
+7-bit weights (``|w_q| <= 63``, as ``reduce_range`` makes them), where ORT is exact, and
+``test_full_range_weights_are_exact`` checks 8-bit weights against ORT's unfused float
+execution of the QDQ graph (``ORT_DISABLE_ALL``). Every path
+runs here: ``avx2`` (the host's), ``vnni`` (vpdpbusd, emulated exactly with AVX2 where the
+compiler has no VNNI) and ``scalar``; on ``avx2`` the 7-bit weights take ``avx2-u8s8``
+(``vpmaddubsw``, exact for them) and the 8-bit ones the int16 widening.
+"""
+from __future__ import annotations
+
+import deploy
+import numpy as np
+import onnxruntime as ort
+import pytest
+import yaml
+from deploy.targets.target import HERE, load_target
+
+from .util import helper, make_model, numpy_helper, run_ort
+
+RNG = np.random.default_rng(8)
+PATHS = ("avx2", "vnni", "scalar")
+
+
+@pytest.fixture(scope="module", params=PATHS)
+def target(request, tmp_path_factory):
+    """The host target with its int8 path forced (vnni runs emulated without VNNI)."""
+    data = yaml.safe_load((HERE / "host.yaml").read_text())
+    data.update(name=f"host-int8-{request.param}", int8=request.param)
+    path = tmp_path_factory.mktemp("targets") / f"host-{request.param}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _qparams(lo: float, hi: float, dtype) -> tuple[np.float32, int]:
+    """Asymmetric scale and zero point covering [lo, hi] (as ORT's calibration does)."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    info = np.iinfo(dtype)
+    scale = np.float32((hi - lo) / (info.max - info.min))
+    return scale, int(np.clip(round(info.min - lo / scale), info.min, info.max))
+
+
+def _inits(name, arr):
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+def qdq_model(op: str, x_shape, w: np.ndarray, act=np.uint8, per_channel=True, bias=True,
+              out_q=True, w_zp_nonzero=False, conv=None, gemm_trans_b=False, w_max=63):
+    """A QDQ model of one contraction; the output's quantization covers its float range."""
+    x_lo, x_hi = -3.0, 3.5
+    sx, zx = _qparams(x_lo, x_hi, act)
+    out_axis = 0 if op == "Conv" else (0 if gemm_trans_b else 1)
+    red = tuple(a for a in range(w.ndim) if a != out_axis)
+    amax = np.abs(w).max(axis=red) if per_channel else np.array(np.abs(w).max())
+    sw = (amax / w_max).astype(np.float32)
+    zw = np.zeros(sw.shape, np.int8)
+    if w_zp_nonzero:
+        zw = RNG.integers(-3, 4, sw.shape).astype(np.int8)
+    bshape = [1] * w.ndim
+    bshape[out_axis] = -1
+    wq = np.clip(np.rint(w / sw.reshape(bshape if per_channel else ())) + zw.reshape(
+        bshape if per_channel else ()), -w_max - 1, w_max).astype(np.int8)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"],
+                              **({"axis": out_axis} if per_channel else {}))]
+    inits = {"sx": sx, "zx": np.array(zx, act), "wq": wq, "sw": sw, "zw": zw}
+    n_out = w.shape[out_axis]
+    ins = ["xd", "wd"]
+    if bias:
+        bs = (sx * np.broadcast_to(sw, (n_out,))).astype(np.float32)
+        inits.update(bq=RNG.integers(-2000, 2000, n_out).astype(np.int32), bs=bs,
+                     bz=np.zeros(n_out, np.int32))
+        nodes.append(helper.make_node("DequantizeLinear", ["bq", "bs", "bz"], ["bd"], axis=0))
+        ins.append("bd")
+    if op == "MatMul":
+        nodes.append(helper.make_node("MatMul", ins[:2], ["y"]))
+        if bias:
+            nodes.append(helper.make_node("Add", ["y", "bd"], ["yb"]))
+    elif op == "Gemm":
+        nodes.append(helper.make_node("Gemm", ins, ["yb"], transB=int(gemm_trans_b)))
+    else:
+        nodes.append(helper.make_node("Conv", ins, ["yb"], **conv))
+    y_name = "yb" if op != "MatMul" or bias else "y"
+    # the output's range from a float run of the same model (ORT without the last Q)
+    x = RNG.uniform(x_lo, x_hi, x_shape).astype(np.float32)
+    probe = make_model(nodes, [("x", np.float32, list(x_shape))], [(y_name, np.float32, None)],
+                       inits, opset=17)
+    y = run_ort(probe, {"x": x})[0]
+    if out_q:
+        sy, zy = _qparams(float(y.min()), float(y.max()), act)
+        inits.update(sy=sy, zy=np.array(zy, act))
+        nodes += [helper.make_node("QuantizeLinear", [y_name, "sy", "zy"], ["yq"]),
+                  helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["out"])]
+    else:
+        nodes.append(helper.make_node("Identity", [y_name], ["out"]))
+        sy = None
+    model = make_model(nodes, [("x", np.float32, list(x_shape))], [("out", np.float32, None)],
+                       inits, opset=17)
+    return model, x, sy
+
+
+def check(model, x, sy, target, folded=("QMatMul", "QConv"), ort_level=None):
+    art = deploy.compile(model, target=target)
+    ops = [s.get("op") for s in art.manifest["steps"] if s["kind"] == "kernel"]
+    if folded:
+        assert any(o in folded for o in ops), f"not folded into an integer contraction: {ops}"
+    else:
+        assert not any(o in ("QMatMul", "QConv") for o in ops), ops
+    ours = art.load().run({"x": x})[0]
+    ref = _ort(model, x, ort_level)
+    assert ours.shape == ref.shape
+    diff = np.abs(ours.astype(np.float64) - ref)
+    if sy is None:  # a float output: both round float32 products of the same int32 sums
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        return art
+    # at most one quantization step, on a small share of the outputs (rounding ties)
+    assert diff.max() <= sy * 1.01, f"max diff {diff.max()} > one step {sy}"
+    assert (diff > sy / 2).mean() <= 0.01, f"{(diff > sy / 2).mean():.3%} outputs differ"
+    return art
+
+
+def _ort(model, x, level=None):
+    if level is None:
+        return run_ort(model, {"x": x})[0]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    sess = ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_matmul(target, act, per_channel):
+    w = RNG.standard_normal((40, 37)).astype(np.float32) * 0.2
+    model, x, sy = qdq_model("MatMul", (2, 13, 40), w, act=act, per_channel=per_channel)
+    check(model, x, sy, target)
+
+
+def test_matmul_float_output_and_weight_zero_points(target):
+    # no Q after the MatMul (float epilogue); int8 weights with non-zero zero points
+    w = RNG.standard_normal((70, 24)).astype(np.float32) * 0.2
+    model, x, sy = qdq_model("MatMul", (9, 70), w, act=np.int8, out_q=False, bias=False,
+                             w_zp_nonzero=True)
+    check(model, x, sy, target)
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gemm(target, trans_b):
+    w = RNG.standard_normal((33, 64) if trans_b else (64, 33)).astype(np.float32) * 0.2
+    model, x, sy = qdq_model("Gemm", (5, 64), w, gemm_trans_b=trans_b)
+    check(model, x, sy, target)
+
+
+CONVS = {
+    "1x1": ({"kernel_shape": [1, 1]}, (1, 16, 7, 7), (24, 16, 1, 1)),
+    "3x3_pad": ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, (1, 8, 9, 9), (20, 8, 3, 3)),
+    "3x3_stride2": ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]},
+                    (2, 12, 11, 10), (16, 12, 3, 3)),
+    "1x1_stride2": ({"kernel_shape": [1, 1], "strides": [2, 2]}, (1, 32, 8, 8), (40, 32, 1, 1)),
+    "7x7_stem": ({"kernel_shape": [7, 7], "pads": [3, 3, 3, 3], "strides": [2, 2]},
+                 (1, 3, 20, 20), (16, 3, 7, 7)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_conv(target, name, act, per_channel):
+    attrs, x_shape, w_shape = CONVS[name]
+    w = RNG.standard_normal(w_shape).astype(np.float32) * 0.2
+    model, x, sy = qdq_model("Conv", x_shape, w, act=act, per_channel=per_channel, conv=attrs)
+    check(model, x, sy, target)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Conv"])
+def test_full_range_weights_are_exact(target, op):
+    # 8-bit weights: the exact integers, as ORT's unfused float run of the QDQ graph gives them
+    # (ORT's fused AVX2 kernels saturate here; see the module docstring)
+    attrs, x_shape, w_shape = CONVS["3x3_pad"]
+    if op == "MatMul":
+        attrs, x_shape, w_shape = None, (7, 96), (96, 20)
+    w = RNG.standard_normal(w_shape).astype(np.float32) * 0.2
+    model, x, sy = qdq_model(op, x_shape, w, conv=attrs, w_max=127)
+    art = check(model, x, sy, target, ort_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    paths = {s["template"] for k in art.manifest["kernels"] for s in k["schedule"]
+             if s.get("template", "").startswith("int8")}
+    assert paths and "avx2-u8s8" not in " ".join(paths), paths  # 8-bit weights never take it
+
+
+def test_conv_nchw_target():
+    # a target that keeps NCHW (x86_64-avx2): the kernel reads and writes strided channels
+    attrs, x_shape, w_shape = CONVS["3x3_stride2"]
+    w = RNG.standard_normal(w_shape).astype(np.float32) * 0.2
+    model, x, sy = qdq_model("Conv", x_shape, w, conv=attrs)
+    assert load_target("x86_64-avx2").int8_path() == "avx2"
+    check(model, x, sy, "x86_64-avx2")
+
+
+def test_not_foldable_keeps_float_decomposition(target):
+    # a weight quantized along K (axis 0 of a MatMul's [K, N]) has no scale per output
+    # channel: no integer contraction, the float decomposition still matches ORT (run
+    # unfused: ORT 1.32's MatMulIntegerToFloat fusion fails on this model)
+    k, n = 12, 8
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    sw = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+    wq = np.rint(w / sw[:, None]).astype(np.int8)
+    sx, zx = _qparams(-2.0, 2.0, np.uint8)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw"], ["wd"], axis=0),
+             helper.make_node("MatMul", ["xd", "wd"], ["out"])]
+    model = make_model(nodes, [("x", np.float32, [3, k])], [("out", np.float32, None)],
+                       {"sx": sx, "zx": np.array(zx, np.uint8), "wq": wq, "sw": sw}, opset=17)
+    x = RNG.uniform(-2, 2, (3, k)).astype(np.float32)
+    check(model, x, None, target, folded=(),
+          ort_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+
+
+def test_gpu_targets_keep_the_float_decomposition():
+    assert load_target("h100").int8_path() == "none"
+    assert load_target("aarch64-neon").int8_path() == "scalar"
+
+
+def test_quantize_static_model(target, tmp_path):
+    """A tiny conv + gemm model quantized by onnxruntime.quantization (QDQ, per channel; 7-bit
+    weights, so that ORT's AVX2 kernels do not saturate)."""
+    quant = pytest.importorskip("onnxruntime.quantization")
+    rng = np.random.default_rng(3)
+    inits = {"W": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
+             "B": rng.standard_normal(8).astype(np.float32),
+             "W2": rng.standard_normal((8 * 5 * 5, 10)).astype(np.float32) * 0.1,
+             "B2": rng.standard_normal(10).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]),
+             helper.make_node("Gemm", ["f", "W2", "B2"], ["y"])]
+    fp32 = make_model(nodes, [("x", np.float32, [1, 4, 5, 5])], [("y", np.float32, [1, 10])],
+                      inits, opset=17)
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    src.write_bytes(fp32.SerializeToString())
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal((1, 4, 5, 5)).astype(np.float32)}
+                            for _ in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(str(src), str(dst), Reader(), quant_format=quant.QuantFormat.QDQ,
+                          per_channel=True, activation_type=quant.QuantType.QUInt8,
+                          weight_type=quant.QuantType.QInt8, reduce_range=True)
+    x = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    art = deploy.compile(str(dst), target=target)
+    ops = [s.get("op") for s in art.manifest["steps"] if s["kind"] == "kernel"]
+    assert "QConv" in ops and "QMatMul" in ops, ops
+    ours = art.load().run({"x": x})[0]
+    ref = run_ort(str(dst), {"x": x})[0]
+    np.testing.assert_allclose(ours, ref, atol=1e-6)  # (the same integers; exact here)
+
