@@ -148,7 +148,9 @@ class StageRenderer:
             if cfg is not None:
                 return self.gemm(st, contraction, cfg)
         if any(isinstance(x, Reduce) for x in walk(st.body)):
-            red = window_reduce(st)
+            # a contraction too thin for GEMM tiles (a GEMV) keeps the reduction template: its
+            # K lanes are one vector, where the window template would unroll them one by one
+            red = None if contraction is not None else window_reduce(st)
             return self.reduction(st) if red is None else render_window(self, st, red)
         return self.pointwise(st)
 
