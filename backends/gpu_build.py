@@ -173,18 +173,24 @@ def _binary_members(compiled: dict[str, Binary], tgt, members: dict) -> list[dic
 # ---- size classes ----------------------------------------------------------------------------
 
 VARIANT_POINTS = (1, 8, 32, 128)  # sizes each symbol of a kernel takes in its size classes
+# a kernel over one symbol (a convnet's batch, which multiplies large pixel counts) gets two: the
+# tiles chosen at 8 and 128 rarely differ from those at 32 enough to pay for their compiles
+ONE_SYMBOL_POINTS = (1, 32)
 MAX_VARIANT_SYMBOLS = 2  # more symbols: every symbol at the same point (a diagonal)
 
 
 def variant_points(k: Kernel) -> list:
     """The size points a kernel's configurations are chosen at: for a symbolic kernel with a
     GEMM or attention stage (tiles, split-K and block counts fitted to the sizes), every
-    combination of ``VARIANT_POINTS`` over its symbols (``{"batch": 1, "seq": 128}``, ...);
+    combination of ``VARIANT_POINTS`` over its symbols (``{"batch": 1, "seq": 128}``, ...), or
+    ``ONE_SYMBOL_POINTS`` for a kernel over one symbol;
     [None] (the compile's hints) for the others, whose one configuration suits every size."""
     syms = sorted(kernel_sizes(k))
     if not syms or not any(isinstance(st, AttentionStage) or contraction_of(st) is not None
                            for st in k.stages):
         return [None]
+    if len(syms) == 1:
+        return [{syms[0]: p} for p in ONE_SYMBOL_POINTS]
     if len(syms) > MAX_VARIANT_SYMBOLS:
         return [dict.fromkeys(syms, p) for p in VARIANT_POINTS]
     return [dict(zip(syms, combo)) for combo in itertools.product(VARIANT_POINTS, repeat=len(syms))]
