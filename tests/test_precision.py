@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from deploy import cli, compiler
 from deploy.errors import UsageError
+from deploy.graph_ir import ops
 from deploy.graph_ir.passes import precision
 from deploy.graph_ir.types import DType
 
@@ -103,16 +104,38 @@ def test_host_half_matches_ort_fp32(name, dtype, fp32_kernels):
     assert weights and all(w.dtype == HALF[dtype].np for w in weights)
 
 
-def test_softmax_and_layernorm_stay_fp32_and_contractions_go_half():
+def test_softmax_stays_fp32_layernorm_stores_half_and_contractions_go_half():
     art = deploy.compile(_transformer(np.random.default_rng(2)), dtype="fp16")
     nodes = list(_nodes(art.graph))
-    kept = [n for n in nodes if n.op.name in ("Softmax", "Normalize")]
-    assert len(kept) == 3
-    for n in kept:
-        assert all(v.dtype is DType.float32 for v in (*n.inputs, *n.outputs) if v is not None)
+    softmax = [n for n in nodes if n.op.name == "Softmax"]
+    assert len(softmax) == 1
+    assert all(v.dtype is DType.float32 for v in (*softmax[0].inputs, *softmax[0].outputs))
+    # LayerNorm reads its input as it comes, computes in float32 (its lowering), stores fp16
+    norms = [n for n in nodes if n.op.name == "Normalize"]
+    assert len(norms) == 2
+    assert all(n.outputs[0].dtype is DType.float16 and n.attrs["out_dtype"] is DType.float16
+               for n in norms)
     matmuls = [n for n in nodes if n.op.name == "MatMul"]
     # q, k and v are one merged MatMul (passes/merge.py): 8 MatMuls in the model, 6 here
     assert len(matmuls) == 6 and all(n.outputs[0].dtype is DType.float16 for n in matmuls)
+
+
+def test_bf16_keeps_layernorm_in_fp32():
+    art = deploy.compile(_transformer(np.random.default_rng(2)), dtype="bf16")
+    norms = [n for n in _nodes(art.graph) if n.op.name == "Normalize"]
+    assert len(norms) == 2 and all(n.outputs[0].dtype is DType.float32 for n in norms)
+
+
+def test_layernorm_half_output_matches_its_float32_reference():
+    # out_dtype: a float32 input normalized into fp16, statistics in float32
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((4, 64)) * 30 + 7).astype(np.float32)
+    scale, bias = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    attrs = {"axes": (1,), "mode": "std", "epsilon": 1e-5, "stats": 0, "out_dtype": DType.float16}
+    (y,) = ops.nn.Normalize.reference([x, scale, bias], attrs)
+    (ref,) = ops.nn.Normalize.reference([x, scale, bias], {**attrs, "out_dtype": None})
+    assert y.dtype == np.float16 and ref.dtype == np.float32
+    np.testing.assert_allclose(y.astype(np.float32), ref, rtol=1e-3, atol=1e-3)
 
 
 def test_each_value_is_cast_once_and_cast_pairs_cancel():

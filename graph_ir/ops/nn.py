@@ -174,7 +174,7 @@ def _norm_shape(ins, attrs):
 
 def _norm_dtypes(ins, attrs):
     stat = compute_dtype(ins[0].dtype)
-    return [ins[0].dtype] + ([stat, stat] if attrs["stats"] else [])
+    return [attrs["out_dtype"] or ins[0].dtype] + ([stat, stat] if attrs["stats"] else [])
 
 
 def _norm_ref(ins, attrs):
@@ -199,16 +199,17 @@ def _norm_ref(ins, attrs):
         y = y * scale.astype(cdt)
     if bias is not None:
         y = y + bias.astype(cdt)
-    outs = [y.astype(x.dtype)]
+    outs = [y.astype(attrs["out_dtype"].np if attrs["out_dtype"] else x.dtype)]
     return outs + [mean.astype(cdt), var.astype(cdt)] if attrs["stats"] else outs
 
 
 Normalize = define(
     "Normalize", Kind.OPAQUE, _norm_shape, _norm_dtypes, _norm_ref,
-    axes=REQUIRED, mode="std", epsilon=1e-5, stats=0,
+    axes=REQUIRED, mode="std", epsilon=1e-5, stats=0, out_dtype=None,
     doc="y = normalize(x over axes) * scale + bias (scale, bias optional, broadcast to x). "
         "std: (x-mean)/sqrt(var+eps); mvn: (x-mean)/(sqrt(var)+eps); rms: x/sqrt(mean(x^2)+eps); "
-        "l1/l2: x/||x|| (0 where ||x|| = 0). stats=1 adds the mean and (biased) variance, keepdims-shaped.")
+        "l1/l2: x/||x|| (0 where ||x|| = 0). stats=1 adds the mean and (biased) variance, keepdims-shaped. "
+        "out_dtype: y's dtype when not x's (mixed precision: a float32 x normalized into float16).")
 
 
 # ---- softmax family ---------------------------------------------------------------------------

@@ -55,8 +55,9 @@ def optimized(g: Graph, target) -> Graph:
 
 
 def layers(g: Graph) -> list[str]:
-    """The names of ``g``'s half-precision anchors with a float32 operand, in graph order."""
-    return [n.name for n in g.nodes if policy(n) is Policy.HALF
+    """The names of ``g``'s half-precision anchors and half-output norms with a float32
+    operand, in graph order."""
+    return [n.name for n in g.nodes if policy(n) in (Policy.HALF, Policy.WIDE)
             and any(v is not None and v.dtype is DType.float32 for v in n.inputs)]
 
 
