@@ -11,7 +11,9 @@ constants) until this pass has looked at them. The rules, tried to a fixpoint:
 2. ``Add(Q*(...)_float, bias)`` -> the bias joins the epilogue: in the int32 accumulator when it
    is ``DQ(int32, scale = sx * sw, zero point 0)`` (ONNX Runtime's form), else as a float offset;
 3. ``Q(Q*(...)_float)`` -> the same contraction writing uint8 / int8 (``mult / sy``, ``+ zp``,
-   saturated): the requantization runs in the kernel's epilogue.
+   saturated): the requantization runs in the kernel's epilogue;
+4. ``Q(DQ(q, s, z) * 2^e, s * 2^e, z)`` -> ``q`` (exact: the product is, and the rounding
+   gives ``q`` back), as MinMax calibration writes around BERT's attention scaling.
 
 Before: ``%y = Cast(Min(Max(Add(Round(Div(Conv(Mul(Sub(Cast(%xq), 128), 0.02), %w_f32), 0.1),
 3), 0), 255), uint8)``. After: ``%y = QConv(%xq, %wq, %w_zp, %bias, %mult, %offset)`` with
