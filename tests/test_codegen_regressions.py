@@ -35,3 +35,24 @@ def test_select_against_literal_in_small_unrolled_loop(tmp_path):
     out = np.zeros_like(x)
     _run(kernel, [x, s, out], tmp_path)
     np.testing.assert_array_equal(out, np.where(x < 0, x * s, x))
+
+
+def test_clamp_against_constants_propagates_nan_and_vectorizes(tmp_path):
+    # max/min against a constant render as DP_MAXC / DP_MINC (one unordered compare): the
+    # two-compare DP_MAX did not vectorize in QuantizeLinear's clamp once gcc narrowed the
+    # select to the uint8 cast after it. NaN still propagates through the clamp.
+    n = 1000
+    x_b, o_b = Buffer("x", (n,), DType.float32), Buffer("o", (n,), DType.float32)
+    f32 = DType.float32
+
+    def clamp(v):
+        return binary(B.MIN, binary(B.MAX, v, const(0.0, f32)), const(255.0, f32))
+    kernel = Kernel("k_clamp", [x_b], [o_b], [],
+                    [compute(o_b, lambda i: clamp(x_b[i] * const(0.5, f32)))])
+    src = CRenderer().kernel(kernel, default_schedule(kernel))
+    assert "DP_MAXC(" in src and "DP_MINC(" in src and "DP_MAX(" not in src
+    x = np.random.default_rng(3).uniform(-100, 700, n).astype(np.float32)
+    x[:4] = [np.nan, np.inf, -np.inf, 0.5]
+    out = np.zeros_like(x)
+    _run(kernel, [x, out], tmp_path)
+    np.testing.assert_array_equal(out, np.minimum(np.maximum(x * 0.5, 0), 255))

@@ -270,3 +270,35 @@ def test_quantize_static_model(target, tmp_path):
     ref = run_ort(str(dst), {"x": x})[0]
     np.testing.assert_allclose(ours, ref, atol=1e-6)  # (the same integers; exact here)
 
+
+
+def _rescale_model(op: str, c: float, s2_factor: float = 1.0):
+    """x -> Q(s1) -> DQ -> Mul(c) or Div(1/c) -> Q(s1 * c * s2_factor) -> DQ: the attention
+    scaling of a quantized BERT (ORT's MinMax calibration gives s2 = s1 * c)."""
+    s1, z = _qparams(-3.0, 4.0, np.uint8)
+    s2 = np.float32(s1 * np.float32(c) * np.float32(s2_factor))
+    k = np.float32(c if op == "Mul" else 1 / c)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s1", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s1", "z"], ["xd"]),
+             helper.make_node(op, ["xd", "k"], ["y"]),
+             helper.make_node("QuantizeLinear", ["y", "s2", "z"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "s2", "z"], ["out"])]
+    inits = {"s1": s1, "s2": s2, "z": np.array(z, np.uint8), "k": k}
+    return make_model(nodes, [("x", np.float32, [4, 300])], [("out", np.float32, None)], inits,
+                      opset=17)
+
+
+@pytest.mark.parametrize("op, c, s2_factor, folds", [
+    ("Mul", 0.125, 1.0, True), ("Div", 0.125, 1.0, True), ("Mul", 4.0, 1.0, True),
+    ("Mul", 0.3, 1.0, False), ("Mul", 0.125, 1.0001, False)])
+def test_rescale_between_matching_quantizations_folds(op, c, s2_factor, folds):
+    # Q(DQ(q, s) * 2^e, s * 2^e) is q exactly; any other factor or scale keeps the chain.
+    # Fresh inputs over and beyond the quantized range; the output equals ORT's (unfused)
+    model = _rescale_model(op, c, s2_factor)
+    art = deploy.compile(model, target="host")
+    notes = " ".join(k["note"] for k in art.manifest["kernels"])
+    assert notes.count("Round") == (1 if folds else 2), notes
+    x = np.random.default_rng(11).uniform(-5, 6, (4, 300)).astype(np.float32)
+    ours = art.load().run({"x": x})[0]
+    ref = _ort(model, x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    np.testing.assert_array_equal(ours, ref)

@@ -94,6 +94,11 @@ static inline int32_t dp_wrap_u(int64_t v, int bits) { return (int32_t)(v & ((1l
    one line of BERT-base's GELU gigabytes for gcc) */
 #define DP_MAX(a, b) ({ __auto_type a_ = (a); __auto_type b_ = (b); (a_ > b_) | (a_ != a_) ? a_ : b_; })
 #define DP_MIN(a, b) ({ __auto_type a_ = (a); __auto_type b_ = (b); (a_ < b_) | (a_ != a_) ? a_ : b_; })
+/* against a constant that is a number: the only NaN is a's, and one unordered compare keeps it
+   (!(a <= c) is true for a NaN a). The two-compare form above does not vectorize where gcc
+   narrows the select to 8 bits (a QDQ clamp followed by a uint8 cast: mask conversion) */
+#define DP_MAXC(a, c) ({ __auto_type a_ = (a); !(a_ <= (c)) ? a_ : (c); })
+#define DP_MINC(a, c) ({ __auto_type a_ = (a); !(a_ >= (c)) ? a_ : (c); })
 #define DP_SIGN(a) ((a) > 0 ? 1 : ((a) < 0 ? -1 : 0))
 static inline int64_t dp_pymod_i(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t dp_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }

@@ -636,6 +636,10 @@ class CRenderer:
             raise NotImplementedError(f"C renderer: binary {e.op.name} on {src.name}")
         if e.op is B.POW and src.is_float and isinstance(e.b, Const) and e.b.value in (2, 3):
             return "(" + " * ".join([f"({a})"] * int(e.b.value)) + ")"  # x**2, x**3: no pow()
+        if src.is_float and e.op in (B.MAX, B.MIN) and _number(e.b):
+            return f"DP_{e.op.name}C({a}, {b})"  # NaN only from a: one compare, vectorizes
+        if src.is_float and e.op in (B.MAX, B.MIN) and _number(e.a):
+            return f"DP_{e.op.name}C({b}, {a})"
         if src.is_int and e.op in (B.MAX, B.MIN):
             return ("(({a}) > ({b}) ? ({a}) : ({b}))" if e.op is B.MAX
                     else "(({a}) < ({b}) ? ({a}) : ({b}))").format(a=a, b=b)
@@ -710,6 +714,12 @@ def _align64(n):
 
 def _ident(name: str) -> str:
     return "b_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _number(e: Expr) -> bool:
+    """A constant that is a number (not NaN, not a symbol)."""
+    return isinstance(e, Const) and not isinstance(e.value, Sym) and \
+        not math.isnan(float(e.value))
 
 
 def _literal(value, dtype: DType) -> str:

@@ -51,6 +51,9 @@ static __device__ __forceinline__ uint16_t dp_f32_to_bf16(float f) {
 /* NaN-propagating max/min (either operand NaN gives NaN) */
 #define DP_MAX(a, b) (((a) > (b)) | ((a) != (a)) ? (a) : (b))
 #define DP_MIN(a, b) (((a) < (b)) | ((a) != (a)) ? (a) : (b))
+/* against a constant number (what the C renderer emits for max(x, c)): the same */
+#define DP_MAXC(a, c) DP_MAX(a, c)
+#define DP_MINC(a, c) DP_MIN(a, c)
 #define DP_SIGN(a) ((a) > 0 ? 1 : ((a) < 0 ? -1 : 0))
 static __device__ __forceinline__ int64_t dp_pymod_i(int64_t a, int64_t b) {
   int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;

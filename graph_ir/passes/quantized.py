@@ -11,7 +11,9 @@ constants) until this pass has looked at them. The rules, tried to a fixpoint:
 2. ``Add(Q*(...)_float, bias)`` -> the bias joins the epilogue: in the int32 accumulator when it
    is ``DQ(int32, scale = sx * sw, zero point 0)`` (ONNX Runtime's form), else as a float offset;
 3. ``Q(Q*(...)_float)`` -> the same contraction writing uint8 / int8 (``mult / sy``, ``+ zp``,
-   saturated): the requantization runs in the kernel's epilogue.
+   saturated): the requantization runs in the kernel's epilogue;
+4. ``Q(DQ(q, s, z) * 2^e, s * 2^e, z)`` -> ``q`` (exact: the product is, and the rounding
+   gives ``q`` back), as MinMax calibration writes around BERT's attention scaling.
 
 Before: ``%y = Cast(Min(Max(Add(Round(Div(Conv(Mul(Sub(Cast(%xq), 128), 0.02), %w_f32), 0.1),
 3), 0), 255), uint8)``. After: ``%y = QConv(%xq, %wq, %w_zp, %bias, %mult, %offset)`` with
@@ -210,8 +212,9 @@ def add_bias(node: Node, rw: Rewriter) -> Value | None:
     return None
 
 
-def requantize(node: Node, rw: Rewriter) -> Value | None:
-    # Cast(Min(Max(Add(Round(Div(Q*(x)_float, sy)), zy), lo), hi)) -> Q*(x) writing uint8/int8
+def _quantize(node: Node, rw: Rewriter):
+    """``Cast(Min(Max(Add(Round(Div(y, sy)), zy), lo), hi))`` to uint8 / int8 (a
+    QuantizeLinear) -> (y, sy, zy, the chain's inner values), else None."""
     to = node.outputs[0].dtype
     if to not in QTYPES:
         return None
@@ -229,7 +232,16 @@ def requantize(node: Node, rw: Rewriter) -> Value | None:
         return None
     chain = [v for v in (div.outputs[0], rnd.outputs[0], add and add.outputs[0], mx.outputs[0],
                          mn.outputs[0]) if v is not None]
-    q = _qnode(rw, div.inputs[0])
+    return div.inputs[0], sy, int(zy), chain
+
+
+def requantize(node: Node, rw: Rewriter) -> Value | None:
+    # Cast(Min(Max(Add(Round(Div(Q*(x)_float, sy)), zy), lo), hi)) -> Q*(x) writing uint8/int8
+    quant = _quantize(node, rw)
+    if quant is None:
+        return None
+    y, sy, zy, chain = quant
+    q = _qnode(rw, y)
     if q is None or not all(rw.single_use(v) for v in chain):
         return None
     ins = list(q.inputs)
@@ -237,10 +249,40 @@ def requantize(node: Node, rw: Rewriter) -> Value | None:
     ins[4] = rw.new_const((rw.const(ins[4]) / sy32).astype(np.float32), q.name + "_mult", ins[4])
     ins[5] = rw.new_const((rw.const(ins[5]) / sy32).astype(np.float32), q.name + "_offset",
                           ins[5])
-    return rw.emit(q.op.name, ins, q.name, **dict(q.attrs, out_dtype=to.name, out_zp=int(zy)))
+    to = node.outputs[0].dtype
+    return rw.emit(q.op.name, ins, q.name, **dict(q.attrs, out_dtype=to.name, out_zp=zy))
 
 
-RULES = [("MatMul", contraction), ("Conv", contraction), ("Add", add_bias), ("Cast", requantize)]
+def _power_of_two(c: float | None) -> bool:
+    return c is not None and c > 0 and np.isfinite(c) and np.frexp(np.float32(c))[0] == 0.5
+
+
+def rescale_identity(node: Node, rw: Rewriter) -> Value | None:
+    # Q(DQ(q, s, z) * 2^e, s * 2^e, z) -> q: the product is exact, so y / (s * 2^e) rounds as
+    # fl((q - z) * s) / s does: within 255 * 2^-24 of q - z, and rint gives it back
+    quant = _quantize(node, rw)
+    if quant is None:
+        return None
+    y, sy, zy, _ = quant
+    scale = rw.prod(y)
+    if scale is None or scale.op.name not in ("Mul", "Div"):
+        return None
+    k = _evaluate(rw, scale.inputs[1])  # a constant, or itself a DQ of one
+    c = float(k.reshape(())) if k is not None and k.size == 1 else None
+    if scale.op.name == "Div" and c:
+        c = 1.0 / c
+    d = _dequantized(rw, scale.inputs[0])
+    if not _power_of_two(c) or d is None or d[0].dtype is not node.outputs[0].dtype:
+        return None
+    q, zp, s = d
+    if zp.size != 1 or s.size != 1 or float(zp.reshape(())) != zy or \
+            np.float32(s.reshape(())) * np.float32(c) != np.float32(sy):
+        return None
+    return q
+
+
+RULES = [("MatMul", contraction), ("Conv", contraction), ("Add", add_bias), ("Cast", requantize),
+         ("Cast", rescale_identity)]
 
 
 def fold_qdq(g: Graph, target=None) -> Graph:
