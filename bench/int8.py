@@ -1,11 +1,13 @@
 """int8 QDQ benchmark: deploy's integer kernels vs ONNX Runtime on the same QDQ model.
 
     python -m deploy.bench.int8 resnet50 bert_base [--runs 20] [--threads 2] [--calib 8]
-        [--samples 8] [--reduce-range]
+        [--samples 8] [--reduce-range] [--ops MatMul,Gemm,Conv]
 
 For each model: the fp32 export (bench.models), quantized by
 ``onnxruntime.quantization.quantize_static`` (QDQ format, per-channel int8 weights, uint8
-activations, MinMax calibration on ``--calib`` seeded random inputs; cached beside the export),
+activations, MinMax calibration on ``--calib`` seeded random inputs; ``--ops``: only these op
+types quantized, as transformer recipes do, instead of every op type quantize_static knows;
+cached beside the export),
 compiled by deploy for ``host``. Then, on ``--samples`` fresh seeded inputs: the relative L2
 error ``||deploy - ort|| / ||ort||`` against ONNX Runtime's int8 execution of the same QDQ
 model, top-1 agreement (argmax over the last axis of the output, per row: per image for
@@ -25,11 +27,12 @@ import numpy as np
 from .cpu import interleaved_ms
 
 
-def qdq_path(name: str, calib: int, reduce_range: bool) -> Path:
+def qdq_path(name: str, calib: int, reduce_range: bool, ops: tuple[str, ...] = ()) -> Path:
     """The QDQ model of ``name`` (batch 1), quantized once and cached beside its export."""
     from .models import input_specs, model_path, random_inputs
     fp32 = model_path(name, batch=1)
-    out = fp32.with_name(f"{fp32.stem}-qdq-pc-c{calib}{'-rr' if reduce_range else ''}.onnx")
+    tag = f"{'-rr' if reduce_range else ''}{'-' + '-'.join(ops).lower() if ops else ''}"
+    out = fp32.with_name(f"{fp32.stem}-qdq-pc-c{calib}{tag}.onnx")
     if out.exists():
         return out
     from onnxruntime.quantization import (
@@ -51,7 +54,8 @@ def qdq_path(name: str, calib: int, reduce_range: bool) -> Path:
     tmp = out.with_suffix(".tmp.onnx")
     quantize_static(str(fp32), str(tmp), Reader(), quant_format=QuantFormat.QDQ,
                     per_channel=True, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, reduce_range=reduce_range)
+                    weight_type=QuantType.QInt8, reduce_range=reduce_range,
+                    **({"op_types_to_quantize": list(ops)} if ops else {}))
     tmp.rename(out)
     return out
 
@@ -69,13 +73,13 @@ def _top1(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 
 
 def bench_model(name: str, runs: int, threads: int, calib: int, samples: int,
-                reduce_range: bool) -> str:
+                reduce_range: bool, ops: tuple[str, ...] = ()) -> str:
     import deploy
     import onnxruntime as ort
 
     from .models import input_specs, model_path, random_inputs
     t0 = time.perf_counter()
-    path = qdq_path(name, calib, reduce_range)
+    path = qdq_path(name, calib, reduce_range, ops)
     quant_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     art = deploy.compile(str(path))
@@ -112,14 +116,17 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=8, help="inputs the errors are measured on")
     p.add_argument("--reduce-range", action="store_true",
                    help="7-bit weights (quantize_static's reduce_range)")
+    p.add_argument("--ops", default="", help="op types to quantize, comma-separated "
+                   "(default: every type quantize_static knows)")
     a = p.parse_args()
+    ops = tuple(o for o in a.ops.split(",") if o)
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     print("| model | quantize s | deploy compile s | int8 kernels | deploy ms | ORT ms | "
           "deploy/ORT | rel L2 vs ORT int8 | top-1 agreement | rel L2 deploy vs fp32 | "
           "rel L2 ORT vs fp32 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in a.models:
-        print(bench_model(name, a.runs, a.threads, a.calib, a.samples, a.reduce_range),
+        print(bench_model(name, a.runs, a.threads, a.calib, a.samples, a.reduce_range, ops),
               flush=True)
     return 0
 
