@@ -91,10 +91,15 @@ def _add_compile(sub, common) -> None:
     c.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, e.g. input=1x3x224x224 (repeatable)")
     _dim_arg(c)
-    c.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], type=str.lower,
+    c.add_argument("--dtype", choices=["fp32", "fp16", "bf16", "fp8"], type=str.lower,
                    help="compute dtype: fp16/bf16 store weights and activations in half precision "
                         "(softmax, normalizations, sums, exp/log stay fp32; inputs and outputs "
-                        "keep the model's dtypes); default: the model's own")
+                        "keep the model's dtypes); fp8: fp16 with the GEMMs over constant "
+                        "weights in float8 e4m3 (h100; CPU targets emulate it); default: the "
+                        "model's own")
+    c.add_argument("--calibrate", metavar="INPUTS.npz",
+                   help="with --dtype fp8: the inputs (np.savez, one array per input name) the "
+                        "activations' fp8 ranges are measured on; default: seeded random inputs")
     c.add_argument("--precision", choices=["fp32", "tf32"], type=str.lower, default=None,
                    help="float32 GEMMs on GPU targets: fp32 (IEEE, default) or tf32 (TF32 "
                         "tensor cores)")
@@ -344,6 +349,8 @@ def _compile_and_report(args, tune: str, out: Path | None) -> None:
                  if (v := getattr(args, k, None))}
     if getattr(args, "max_error", None) is not None:
         precision["max_error"] = args.max_error
+    if getattr(args, "calibrate", None):
+        precision["calibrate"] = args.calibrate
     if getattr(args, "check_precision", None) is not None:
         precision["check_precision"] = args.check_precision
     with warnings.catch_warnings(), _progress(args) as progress:
@@ -381,12 +388,14 @@ def _save(art, out: Path, progress: Progress) -> Path:
 
 def _guard_str(g: dict, dtype: str) -> str:
     """The --max-error guard's choice: which layers kept float32, the rest in ``dtype``."""
-    kept = g.get("fp32_layers", [])
-    head = (f"max error {g['max_error']:g}: {len(kept)} of {g['layers']} layers float32, the "
+    wider = "fp16" if "fp16_layers" in g else "fp32"
+    kept = g.get(f"{wider}_layers", [])
+    label = {"fp16": "float16", "fp32": "float32"}[wider]
+    head = (f"max error {g['max_error']:g}: {len(kept)} of {g['layers']} layers {label}, the "
             f"rest {dtype} (emulated error {g['error']:.2g}"
-            + ("" if g.get("met", True) else ", over the bound even with every layer float32")
+            + ("" if g.get("met", True) else f", over the bound even with every layer {label}")
             + ")")
-    return head + "".join(f"\n    fp32: {name}" for name in kept)
+    return head + "".join(f"\n    {wider}: {name}" for name in kept)
 
 
 def _precision_str(p: dict) -> str:

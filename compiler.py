@@ -31,6 +31,7 @@ from .graph_ir.graph import Graph, Node, Value
 from .graph_ir.interpreter import interpret
 from .graph_ir.ops import Kind, movement, signal
 from .graph_ir.passes import precision, precision_guard, run_pipeline
+from .graph_ir.passes.fp8 import calibrate
 from .graph_ir.printer import print_graph
 from .graph_ir.sym import Sym, dim_json, free_symbols
 from .graph_ir.verify import check_symbol_order
@@ -217,7 +218,8 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
     try:
         reference = graph  # the model's own precision, for the --dtype error check
         bound = _max_error(options.get("max_error"), half)
-        if _graph_symbols(graph) and half is not None and (backend.runs_here or bound):
+        if _graph_symbols(graph) and half is not None and \
+                (backend.runs_here or bound or half is precision.FP8):
             # checked at small fixed sizes (a GPU's symbolic artifact is not emulated: no second
             # import, which took 5 of a symbolic BERT's 33 s)
             fixed = {s: max(sym.context().ranges.get(s, (1, None))[0], CHECK_SIZE)
@@ -229,9 +231,14 @@ def _compile_once(model, target, shapes, dump_dir, constant_inputs, tune, exampl
         if dump:
             dump.mkdir(parents=True, exist_ok=True)
             (dump / "00-import.txt").write_text(print_graph(graph))
-        guard = precision_guard.choose(reference, half, bound, tgt) if bound else None
+        calibration = _calibration(reference, half, options.get("calibrate"), lambda shapes:
+                                   import_model(model, shapes, constant_inputs, example_inputs,
+                                                dynamic_shapes, options.get("bind"))[0])
+        guard = precision_guard.choose(reference, half, bound, tgt,
+                                       calibration=calibration) if bound else None
         graph, pass_stats = run_pipeline(graph, tgt, dump,
-                                         {"dtype": half, "keep_fp32": guard.keep if guard else ()})
+                                         {"dtype": half, "keep_fp32": guard.keep if guard else (),
+                                          "calibration": calibration})
         lap("optimize", "lower")
         backend.check_graph(graph)
         plan = _plan(graph)
@@ -314,6 +321,9 @@ def _precision_settings(tgt: Target, backend: Backend, options: dict):
     if given and "allow_tf32" in options and bool(options["allow_tf32"]) != (mode == "tf32"):
         raise UsageError(f"precision={given!r} and allow_tf32={options['allow_tf32']!r} "
                          "disagree; give one of them")
+    if half is precision.FP8 and backend.kind == "gpu" and not getattr(backend, "fp8", False):
+        raise UsageError(f"dtype fp8: target {tgt.name} has no float8 tensor cores (NVIDIA "
+                         "sm_89 and newer have them: --target h100); use dtype fp16 here")
     if mode == "tf32" and not backend.tf32:
         raise UsageError(f"precision tf32: target {tgt.name} (backend {backend.name}) has no "
                          "TF32 mode; it applies to GPU targets. Use fp32 here")
@@ -323,6 +333,42 @@ def _precision_settings(tgt: Target, backend: Backend, options: dict):
 # Interpreter multiply-adds beyond which --dtype's check is skipped: on 2 cores the five
 # benchmark models at batch 1 check in 0.3-4.3 s, ResNet-50 at batch 8 (2.6e10) in 7 s.
 PRECISION_CHECK_LIMIT = 3e10
+
+
+def _calibration(reference: Graph, half, given, reimport) -> dict[str, float] | None:
+    """fp8: the range of every GEMM input, from ``given`` (a ``.npz`` path or a dict of arrays
+    by input name: the user's data; a symbolic model is imported again at their shapes through
+    ``reimport``) or seeded random inputs; None for other dtypes."""
+    if half is not precision.FP8:
+        if given is not None:
+            raise UsageError("calibrate: only dtype fp8 takes calibration inputs")
+        return None
+    if given is None:
+        return calibrate(reference, precision.check_inputs(reference, seed=0))
+    feed = _arrays(given)
+    names = [v.name for v in reference.inputs]
+    missing = [n for n in names if n not in feed]
+    if missing:
+        raise UsageError(f"calibrate: no array for input(s) {', '.join(missing)} (the model's "
+                         f"inputs: {', '.join(names)})")
+    if _graph_symbols(reference) or any(tuple(feed[v.name].shape) != tuple(v.shape)
+                                        for v in reference.inputs):
+        reference = reimport({n: tuple(feed[n].shape) for n in names})
+    return calibrate(reference, feed)
+
+
+def _arrays(given) -> dict[str, np.ndarray]:
+    if isinstance(given, dict):
+        return {k: np.asarray(v) for k, v in given.items()}
+    try:
+        with np.load(given, allow_pickle=False) as z:
+            if hasattr(z, "files"):
+                return {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise UsageError(f"calibrate: cannot read {given} ({e}); expected an .npz archive "
+                         "(np.savez) with one array per input name") from None
+    raise UsageError(f"calibrate: {given} is one .npy array; expected an .npz archive "
+                     "(np.savez) with one array per input name")
 
 
 def _max_error(value, half) -> float | None:
@@ -337,8 +383,8 @@ def _max_error(value, half) -> float | None:
         raise UsageError(f"max_error={value!r}: expected a positive relative L2 error, e.g. "
                          "1e-3")
     if half is None:
-        raise UsageError("max_error needs dtype fp16 or bf16 (it chooses the layers that keep "
-                         "float32 in a half-precision build)")
+        raise UsageError("max_error needs dtype fp16, bf16 or fp8 (it chooses the layers that "
+                         "keep a wider type in a reduced-precision build)")
     return bound
 
 
@@ -350,7 +396,11 @@ def _precision_record(art: Artifact, reference: Graph, backend: Backend, half, t
     emulated for GPU targets; the tolerance is the guard's bound when there is one). ``check``:
     None checks when interpreting costs at most PRECISION_CHECK_LIMIT multiply-adds, True
     always, False never."""
-    rec: dict = {"dtype": "fp32" if half is None else {"float16": "fp16"}.get(half.name, "bf16")}
+    rec: dict = {"dtype": "fp32" if half is None else
+                 {"float16": "fp16", "float8e4m3fn": "fp8"}.get(half.name, "bf16")}
+    if half is precision.FP8:  # the GEMMs that run in fp8 (the rest: fp16)
+        rec["fp8_gemms"] = sum(1 for n in _members(art.graph) if n.op.kind is Kind.CONTRACTION
+                               and n.inputs[0].dtype is precision.FP8)
     if backend.tf32:
         rec["fp32_gemm"] = "tf32" if tf32 else "ieee"
     if half is None:
@@ -379,7 +429,8 @@ def _precision_record(art: Artifact, reference: Graph, backend: Backend, half, t
     except Exception as e:  # noqa: BLE001  (a diagnostic: it never fails the compile)
         rec["check"] = f"failed: {type(e).__name__}: {e}"
         return rec
-    rec.update(precision.compare(reference.output_names, ours, ref, bound), seed=0,
+    tolerance = bound or (precision.FP8_TOLERANCE if half is precision.FP8 else None)
+    rec.update(precision.compare(reference.output_names, ours, ref, tolerance), seed=0,
                check="artifact" if backend.runs_here else "emulated")
     for name in rec["over"]:
         warnings.warn(f"--dtype {rec['dtype']}: output '{name}' differs from the float32 model "

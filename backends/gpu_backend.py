@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import NotImplementedYetError
 from ..graph_ir.ops import Kind
+from ..graph_ir.types import DType
 from ..tensor_ir.kernel import size_bucket
 from ..tensor_ir.tuning_db import with_bucket
 from .base import Backend, Built
@@ -53,12 +54,22 @@ class GpuBackend(Backend):
         return dict(self.target.features(), backend=self.name,
                     fp32_gemm="tf32" if self.allow_tf32 else "ieee")
 
+    @property
+    def fp8(self) -> bool:
+        """Float8 e4m3 tensor cores: NVIDIA sm_89 (Ada) and newer."""
+        arch = str(getattr(self.target, "arch", "") or "")
+        return self.target.vendor == "nvidia" and arch.startswith("sm_") and \
+            arch[3:].isdigit() and int(arch[3:]) >= 89
+
     def check_graph(self, graph) -> None:
         """The float8 family, float4e2m1 and the 4- and 2-bit integers run on CPU targets only
-        (yet): every node that still computes on them after optimization, at once. (Constant
-        ones, such as DequantizeLinear of int4 weights, are folded away and do not count.)"""
+        (yet), except float8e4m3fn (``--dtype fp8``) on NVIDIA sm_89 and newer: every node
+        that still computes on them after optimization, at once. (Constant ones, such as
+        DequantizeLinear of int4 weights, are folded away and do not count.)"""
+        ok = {DType.float8e4m3fn} if self.fp8 else set()
         bad = [f"'{n.name}' ({n.op.name}): {v.type}" for n in graph.nodes
-               for v in (*n.inputs, *n.outputs) if v is not None and v.type.dtype.is_narrow]
+               for v in (*n.inputs, *n.outputs)
+               if v is not None and v.type.dtype.is_narrow and v.type.dtype not in ok]
         bad += [f"input '{v.name}': {v.type}" for v in graph.inputs if v.type.dtype.is_narrow]
         if bad:
             raise NotImplementedYetError(

@@ -1,9 +1,12 @@
 """GPU weight layout: constant GEMM operands whose rows are not 16-byte aligned but whose
-columns are are stored transposed, so every GPU code generator loads them as vectors along K."""
+columns are are stored transposed, so every GPU code generator loads them as vectors along K;
+so are float8 weights read along their rows' columns (``[K, N]``): Hopper's 8-bit wgmma takes
+both operands K-major."""
 from __future__ import annotations
 
 import dataclasses
 
+from ..graph_ir.types import DType
 from ..tensor_ir.expr import Load, R, Reduce, transform, walk
 from ..tensor_ir.kernel import Buffer, Kernel
 
@@ -21,7 +24,7 @@ def transpose_weights(k: Kernel, constants: set[str]) -> tuple[Kernel, list[tupl
     aliased = {base for _, base in k.aliases} | {view.name for view, _ in k.aliases}
     swaps = {b.name: Buffer(b.name + "_t", (*b.shape[:-2], b.shape[-1], b.shape[-2]), b.dtype)
              for b in k.inputs if b.name in constants and b.name not in aliased
-             and _misaligned_rows(b) and _contraction_only(k, b.name)}
+             and (_misaligned_rows(b) or _fp8_kn(k, b)) and _contraction_only(k, b.name)}
     if not swaps:
         return k, []
 
@@ -41,6 +44,21 @@ def _misaligned_rows(b: Buffer) -> bool:
         return False
     size = b.dtype.itemsize
     return (b.shape[-1] * size) % ROW_ALIGN != 0 and (b.shape[-2] * size) % ROW_ALIGN == 0
+
+
+def _fp8_kn(k: Kernel, b: Buffer) -> bool:
+    """A float8 weight whose last axis is indexed by no reduction variable (its rows are N)."""
+    if b.dtype is not DType.float8e4m3fn or len(b.shape) != 2 or \
+            (b.shape[-2] * b.dtype.itemsize) % ROW_ALIGN:
+        return False
+    for st in k.stages:
+        for r in walk(st.body):
+            if isinstance(r, Reduce):
+                rvars = {v for v, _ in r.vars}
+                for x in walk(r.body):
+                    if isinstance(x, Load) and x.buf == b.name and x.index[-1] in rvars:
+                        return False
+    return True
 
 
 def _contraction_only(k: Kernel, name: str) -> bool:

@@ -1,6 +1,6 @@
 """GPU benchmark: deploy vs PyTorch eager vs torch.compile (default and max-autotune), one run.
 
-    python -m deploy.bench.gpu resnet50 bert_base --dtype fp32 fp16 --batch 1 32
+    python -m deploy.bench.gpu resnet50 bert_base --dtype fp32 fp16 [fp8] --batch 1 32
         [--target h100] [--runs 50] [--skip-max-autotune] [--skip-default]
         [--tune quick|full] [--tuning-db F] [--json results.json] [--gpu-codegen cuda]
 
@@ -9,7 +9,8 @@ dtype: compile it with deploy for the GPU target (Triton, ahead of time; fp16 th
 ``deploy.compile(..., dtype="fp16")`` when this deploy accepts it, else "n/a"), check deploy's
 output against PyTorch eager in fp32 (relative L2 error; fp32 also rtol 1e-3), and time deploy,
 eager, ``torch.compile`` (default) and ``torch.compile(mode="max-autotune")`` on the same inputs
-(fp16 peers run the model in ``.half()``, images in fp16). Timing: host clock around each call,
+(fp16 peers run the model in ``.half()``, images in fp16; an fp8 row's peers run fp16, and deploy
+calibrates its fp8 ranges on a second seeded draw of the inputs). Timing: host clock around each call,
 synchronized, after warm-up; median of ``--runs``; L2 flushed before every timed call (a 256 MB
 buffer zeroed). deploy is given device tensors (DLPack, zero-copy) when its runtime accepts them,
 else numpy arrays (copies in and out included): the ``io`` column says which. ``deploy GPU ms``
@@ -78,9 +79,11 @@ def rel_l2(ours: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _deploy_case(path, feed, torch_args, target, dtype, tune, tuning_db, budget, timer,
-                 ref, gpu_codegen=None) -> dict:
-    """Compile, check and time deploy for one case."""
+                 ref, gpu_codegen=None, calibrate=None) -> dict:
+    """Compile, check and time deploy for one case (``calibrate``: fp8's calibration inputs)."""
     kwargs = {"target": target, **({"gpu_codegen": gpu_codegen} if gpu_codegen else {})}
+    if dtype == "fp8":
+        kwargs["calibrate"] = calibrate
     if tuning_db:
         kwargs["tuning_db"] = tuning_db
     if tune:
@@ -179,15 +182,16 @@ def bench_model(name: str, batch: int, dtypes: list[str], a) -> list[dict]:
         ref = module(*args32).float().cpu().numpy()
     timer = Timer(a.runs, a.warmup)
     rows = []
+    calib = random_inputs(specs, np.random.default_rng(2))  # fp8: other inputs, same kind
     for dtype in dtypes:
-        half = dtype == "fp16"
+        half = dtype in ("fp16", "fp8")  # (the peers run fp8 rows in fp16)
         m = copy.deepcopy(module).half() if half else module
         targs = [x.half() if half and x.is_floating_point() else x for x in args32]
         row = {"model": name, "batch": batch, "dtype": dtype}
         try:
             row.update(_deploy_case(path, feed, _deploy_args(targs, specs, half), a.target,
                                     dtype, a.tune, a.tuning_db, a.budget, timer, ref,
-                                    a.gpu_codegen))
+                                    a.gpu_codegen, calib))
         except Exception as e:  # noqa: BLE001
             row["deploy_error"] = f"{type(e).__name__}: {e}"[:500]
             traceback.print_exc(file=sys.stderr)
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m deploy.bench.gpu",
                                 description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="+")
-    p.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "fp16"])
+    p.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "fp16", "fp8"])
     p.add_argument("--batch", nargs="+", type=int, default=[1])
     p.add_argument("--target", default="h100")
     p.add_argument("--runs", type=int, default=50)

@@ -39,7 +39,7 @@ from .kernel import Kernel, Stage
 from .qgemm import QGemmStage
 
 PEAK_KEY = {DType.float16: "fp16", DType.bfloat16: "bf16", DType.float32: "fp32",
-            DType.float64: "fp64"}
+            DType.float64: "fp64", DType.float8e4m3fn: "fp8"}
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,8 @@ def _product_peak(e: Expr) -> str | None:
             body = x.body.x if isinstance(x.body, Cast) else x.body
             if isinstance(body, Binary) and body.op is B.MUL and body.dtype.is_float:
                 a, b = _stored(body.a), _stored(body.b)
-                half = a if a is b and a in (DType.float16, DType.bfloat16) else None
+                half = a if a is b and a in (DType.float16, DType.bfloat16,
+                                              DType.float8e4m3fn) else None
                 return PEAK_KEY.get(half or body.dtype, "fp32")
         stack.extend(children(x))
     return None

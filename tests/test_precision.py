@@ -295,7 +295,7 @@ def test_an_unreachable_bound_keeps_every_layer_and_warns():
 
 
 @pytest.mark.parametrize("options, match", [
-    ({"max_error": 1e-3}, "needs dtype fp16 or bf16"),
+    ({"max_error": 1e-3}, "needs dtype fp16, bf16 or fp8"),
     ({"dtype": "fp16", "max_error": -1}, "positive relative L2"),
     ({"dtype": "fp16", "max_error": "tiny"}, "positive relative L2")])
 def test_bad_max_error_is_a_clear_error(options, match):

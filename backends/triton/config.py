@@ -241,6 +241,17 @@ def gemm_config(m: int, n: int, k: int, target=None, half: bool = False, tf32: b
     return dataclasses.replace(cfg, split_k=choose_split_k(m, n, k, batch, cfg, target, half, tc))
 
 
+def fp8_gemm_config(cfg: GemmConfig, k: int, target) -> GemmConfig:
+    """A half-precision tile's configuration for 1-byte (fp8) operands: BK twice as long (up to
+    128, at most K; wgmma takes 32 of an 8-bit K per instruction) and the stages that fit."""
+    bk = max(32, min(128, pow2(k), cfg.bk * 2))
+    if k % bk and k % (bk // 2) == 0 and bk // 2 >= 32:
+        bk //= 2
+    per_stage = (cfg.bm + cfg.bn) * bk
+    budget = _shared(target) * 3 // 4 if _shared(target) > DEFAULT_SHARED else _shared(target)
+    return dataclasses.replace(cfg, bk=bk, num_stages=max(2, min(4, budget // per_stage)))
+
+
 # ---- split-K ------------------------------------------------------------------------------------
 
 SPLIT_MIN_K = 1024  # K this long or longer may be split

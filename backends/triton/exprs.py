@@ -40,15 +40,17 @@ TL_TYPE = {
     DType.bfloat16: "tl.bfloat16", DType.int8: "tl.int8", DType.int16: "tl.int16",
     DType.int32: "tl.int32", DType.int64: "tl.int64", DType.uint8: "tl.uint8",
     DType.uint16: "tl.uint16", DType.uint32: "tl.uint32", DType.uint64: "tl.uint64",
-    DType.bool: "tl.int1",
+    DType.bool: "tl.int1", DType.float8e4m3fn: "tl.float8e4nv",
 }
 # pointer element types in kernel signatures (bool tensors are bytes in memory)
 PTR_TYPE = {
     DType.float32: "*fp32", DType.float64: "*fp64", DType.float16: "*fp16",
     DType.bfloat16: "*bf16", DType.int8: "*i8", DType.int16: "*i16", DType.int32: "*i32",
     DType.int64: "*i64", DType.uint8: "*u8", DType.uint16: "*u16", DType.uint32: "*u32",
-    DType.uint64: "*u64", DType.bool: "*i8",
+    DType.uint64: "*u64", DType.bool: "*i8", DType.float8e4m3fn: "*fp8e4nv",
 }
+# computed in float32, stored narrow (rounded on store); tl.dot takes them as they are
+NARROW = (DType.float16, DType.bfloat16, DType.float8e4m3fn)
 
 # ``_m`` is libdevice (CUDA or HIP, chosen by triton at compile time); tests running under
 # TRITON_INTERPRET=1 swap in numpy equivalents (interpret.py).
@@ -90,8 +92,8 @@ LOGICAL = {B.AND, B.OR, B.XOR}
 
 
 def compute_dtype(dtype: DType) -> DType:
-    """The type arithmetic on ``dtype`` happens in (half types in float32)."""
-    return DType.float32 if dtype in (DType.float16, DType.bfloat16) else dtype
+    """The type arithmetic on ``dtype`` happens in (half and fp8 types in float32)."""
+    return DType.float32 if dtype in NARROW else dtype
 
 
 def tl_type(dtype: DType) -> str:
@@ -270,7 +272,7 @@ class Emitter:
         if isinstance(e, Const):
             if e.dtype is INDEX:
                 return S(e.value)
-            if self.keep_half and e.dtype in (DType.float16, DType.bfloat16):
+            if self.keep_half and e.dtype in NARROW:
                 return f"tl.full([], {float(e.value)!r}, {tl_type(e.dtype)})"
             return literal(e.value, e.dtype)
         if self.resident and isinstance(e, Load):
@@ -320,7 +322,7 @@ class Emitter:
         dtype = self.buffers[e.buf].dtype
         if dtype is DType.bool:
             return f"({raw} != 0)"
-        if dtype in (DType.float16, DType.bfloat16) and not self.keep_half:
+        if dtype in NARROW and not self.keep_half:
             return f"{raw}.to(tl.float32)"
         return raw
 
@@ -350,7 +352,7 @@ class Emitter:
         dst = e.dtype
         if dst is DType.bool:
             return f"({x} != 0)"
-        if dst in (DType.float16, DType.bfloat16):  # round through the half type
+        if dst in NARROW:  # round through the narrow type
             return f"{x}.to({tl_type(dst)}).to(tl.float32)"
         if e.x.dtype is DType.bool:
             return f"{x}.to(tl.int8).to({tl_type(dst)})"

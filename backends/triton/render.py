@@ -45,12 +45,13 @@ from .attention import AttentionStage, render_attention
 from .config import (
     GemmConfig,
     LaunchConfig,
+    fp8_gemm_config,
     gemm_config,
     pointwise_config,
     reduction_config,
     split_chunk,
 )
-from .exprs import PRELUDE, PTR_TYPE, BufRef, Emitter, S, compute_dtype, tl_type
+from .exprs import NARROW, PRELUDE, PTR_TYPE, BufRef, Emitter, S, compute_dtype, tl_type
 from .reduce_ops import _acc_dtype, _as_acc, _combine, _final, _init, _typed
 from .rows import render_rows, rows_plan
 from .sizes import SizeParams, cdiv, used_params
@@ -145,6 +146,8 @@ class StageRenderer:
                               self.parent.target, contraction.half, tf32=self.parent.allow_tf32,
                               batch=hint(_numel([st.extents[k] for k in contraction.outer])),
                               tuned=self.tuned, heavy_epilogue=heavy_epilogue(st))
+            if cfg is not None and contraction.fp8 and not self.tuned:
+                cfg = fp8_gemm_config(cfg, hint(contraction.k), self.parent.target)
             if cfg is not None:
                 return self.gemm(st, contraction, cfg)
         if any(isinstance(x, Reduce) for x in walk(st.body)):
@@ -480,7 +483,8 @@ class Contraction:
     m: int
     n: int
     k: int
-    half: bool  # both operands are half-precision loads: tl.dot in fp16/bf16
+    half: bool  # both operands are half-precision (or fp8) loads: tl.dot in that type
+    fp8: bool = False  # both are float8 e4m3
 
 
 TRANSCENDENTAL = frozenset({U.EXP, U.LOG, U.TANH, U.ERF, U.SIN, U.COS, U.TAN, U.SINH, U.COSH})
@@ -492,8 +496,7 @@ def heavy_epilogue(st: Stage) -> bool:
 
 
 def _half_of(e: Expr) -> DType | None:
-    if isinstance(e, Cast) and e.dtype is DType.float32 and \
-            e.x.dtype in (DType.float16, DType.bfloat16):
+    if isinstance(e, Cast) and e.dtype is DType.float32 and e.x.dtype in NARROW:
         return e.x.dtype
     return None
 
@@ -525,7 +528,7 @@ def contraction_of(st: Stage) -> Contraction | None:
     return Contraction(red, x, y, only_x, only_y, outer,
                        _numel([st.extents[k] for k in only_x]),
                        _numel([st.extents[k] for k in only_y]), _reduce_extent(red),
-                       hx is not None and hx is hy)
+                       hx is not None and hx is hy, hx is DType.float8e4m3fn and hy is hx)
 
 
 def _is_serial(st: Stage, refs: dict[str, BufRef]) -> bool:

@@ -36,9 +36,17 @@ def _matmul_shape(ins, attrs):
     return [out]
 
 
-MatMul = define("MatMul", Kind.CONTRACTION, _matmul_shape, same_dtype(),
-                lambda ins, a: [np.matmul(ins[0], ins[1])],
-                doc="numpy.matmul semantics (batched, broadcast, rank-1 promotion).")
+def _matmul_ref(ins, attrs):
+    out = attrs["out_dtype"]
+    if out is None:
+        return [np.matmul(ins[0], ins[1])]
+    return [np.matmul(ins[0].astype(np.float32), ins[1].astype(np.float32)).astype(out.np)]
+
+
+MatMul = define("MatMul", Kind.CONTRACTION, _matmul_shape,
+                lambda ins, a: [a["out_dtype"] or ins[0].dtype], _matmul_ref, out_dtype=None,
+                doc="numpy.matmul semantics (batched, broadcast, rank-1 promotion). out_dtype: "
+                    "the result's dtype when not the operands' (fp8 operands, float32 sums).")
 
 
 # ---- convolution ---------------------------------------------------------------------------

@@ -33,10 +33,10 @@ PIPELINE = [
     ("fold_affine", fold_affine),  # BatchNorm (per-channel x*s+t) into conv weights and bias
     ("merge", merge_projections),  # sibling MatMuls of one input (q, k, v) -> one wider GEMM
     ("layout", layout),  # NHWC convolutions and pools where the target prefers them
-    ("precision", convert_precision),  # --dtype fp16/bf16: half compute, fp32 where sensitive
+    ("precision", convert_precision),  # --dtype fp16/bf16/fp8: half compute, fp32 where sensitive
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
-PASS_OPTIONS = {"precision": ("dtype", "keep_fp32")}  # pass -> compile options it takes
+PASS_OPTIONS = {"precision": ("dtype", "keep_fp32", "calibration")}  # pass -> compile options it takes
 
 
 def run_pipeline(g: Graph, target, dump: Path | None = None,

@@ -23,6 +23,7 @@ from ... import config
 from ..graph import Graph
 from ..interpreter import interpret
 from ..types import DType
+from .fp8 import FP8, fp8_weight
 from .pipeline import PIPELINE
 from .precision import Policy, check_inputs, convert_precision, emulate, policy, rel_l2
 
@@ -36,9 +37,11 @@ class Choice:
     layers: int
     error: float
     trials: list[tuple[int, float]] = field(default_factory=list)
+    wider: str = "fp32"  # what a kept layer runs in: fp32, or fp16 for fp8's GEMMs
 
     def record(self, bound: float) -> dict:
-        return {"max_error": bound, "layers": self.layers, "fp32_layers": list(self.keep),
+        return {"max_error": bound, "layers": self.layers,
+                f"{self.wider}_layers": list(self.keep),
                 "error": float(f"{self.error:.3g}"), "met": self.error <= bound,
                 "trials": [[k, float(f"{e:.3g}")] for k, e in self.trials]}
 
@@ -54,9 +57,12 @@ def optimized(g: Graph, target) -> Graph:
     return g
 
 
-def layers(g: Graph) -> list[str]:
+def layers(g: Graph, fp8: dict | None = None) -> list[str]:
     """The names of ``g``'s half-precision anchors and half-output norms with a float32
-    operand, in graph order."""
+    operand, in graph order; with ``fp8`` (calibrated ranges): its fp8 GEMMs."""
+    if fp8 is not None:
+        return [n.name for n in g.nodes if fp8_weight(n, g.constants) is not None
+                and n.inputs[0].name in fp8]
     return [n.name for n in g.nodes if policy(n) in (Policy.HALF, Policy.WIDE)
             and any(v is not None and v.dtype is DType.float32 for v in n.inputs)]
 
@@ -64,17 +70,21 @@ def layers(g: Graph) -> list[str]:
 UNITS = 64  # most emulations spent ranking layers; beyond it, runs of layers share a unit
 
 
-def choose(reference: Graph, half, bound: float, target, seed: int = 0) -> Choice:
+def choose(reference: Graph, half, bound: float, target, seed: int = 0,
+           calibration: dict | None = None) -> Choice:
     """The fewest most-sensitive layers to keep in float32 so that the worst output's relative
-    L2 error against ``reference`` (float32, static sizes) is at most ``bound``."""
+    L2 error against ``reference`` (float32, static sizes) is at most ``bound``; under fp8 the
+    layers are its GEMMs, and a kept one runs in fp16."""
     pre = optimized(reference, target)
-    names = layers(pre)
+    fp8 = calibration if half is FP8 else None
+    names = layers(pre, fp8)
+    wider = "fp16" if fp8 is not None else "fp32"
     inputs = check_inputs(reference, seed)
     ref = interpret(reference, inputs)
     trials: list[tuple[int, float]] = []
 
     def error(keep, k: int | None = None) -> float:
-        out = emulate(convert_precision(pre, target, half, keep), inputs)
+        out = emulate(convert_precision(pre, target, half, keep, fp8), inputs)
         worst = max((rel_l2(a, b) for a, b in zip(out, ref)
                      if np.issubdtype(np.asarray(b).dtype, np.floating)), default=0.0)
         if k is not None:
@@ -82,7 +92,7 @@ def choose(reference: Graph, half, bound: float, target, seed: int = 0) -> Choic
         return worst
 
     if error((), 0) <= bound or not names:
-        return Choice((), len(names), trials[-1][1], trials)
+        return Choice((), len(names), trials[-1][1], trials, wider)
     units = _units(names)
     alone = [error([n for n in names if n not in set(u)]) for u in units]
     ranked = [units[i] for i in sorted(range(len(units)), key=lambda i: -alone[i])]
@@ -94,7 +104,7 @@ def choose(reference: Graph, half, bound: float, target, seed: int = 0) -> Choic
     lo, hi = 0, len(units)
     best = error(names, hi)
     if best > bound:
-        return Choice(tuple(names), len(names), best, trials)
+        return Choice(tuple(names), len(names), best, trials, wider)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         e = error(kept(mid), mid)
@@ -102,7 +112,7 @@ def choose(reference: Graph, half, bound: float, target, seed: int = 0) -> Choic
             hi, best = mid, e
         else:
             lo = mid
-    return Choice(tuple(kept(hi)), len(names), best, trials)
+    return Choice(tuple(kept(hi)), len(names), best, trials, wider)
 
 
 def _units(names: list[str]) -> list[tuple[str, ...]]:
