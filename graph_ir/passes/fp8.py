@@ -53,9 +53,8 @@ def add_fp8(conv, node: Node, arr: np.ndarray, amax: float) -> None:
     scaled sum."""
     x, w = node.inputs
     (o,) = node.outputs
-    sx = np.float32(amax / FP8_MAX)
+    xq, sx = _quantized(conv, x, amax)
     w8, sw = quantize_weight(arr)
-    xq = _quantized(conv, x, sx)
     wv = conv.constant(w8, f"{w.name}_f8", TensorType(arr.shape, FP8))
     acc = conv.value(f"{o.name}_acc", TensorType(o.shape, DType.float32))
     conv.nodes.append(Node(contraction.MatMul, (xq, wv), (acc,), {"out_dtype": DType.float32},
@@ -68,17 +67,25 @@ def add_fp8(conv, node: Node, arr: np.ndarray, amax: float) -> None:
     conv.cur[o] = conv.cast(y, conv.half)
 
 
-def _quantized(conv, x: Value, sx: np.float32) -> Value:
-    """``x`` scaled by ``1 / sx``, clipped to e4m3's range and rounded to it (one per value)."""
+def _quantized(conv, x: Value, amax: float) -> tuple[Value, np.float32]:
+    """(``x`` times ``1 / sx`` clipped to e4m3's range and rounded to it, ``sx``), one per value.
+    The arithmetic is in ``x``'s current type: an fp16 value (a norm's result) is read as it is
+    stored, so its producer writes no float32 copy; ``sx`` is the scale that type's ``1 / sx``
+    stands for."""
     key = ("fp8", x)
     if key not in conv.halves:
-        v = conv.as_full(x)
-        for op, c in ((ew.Mul, 1.0 / sx), (ew.Max, -FP8_MAX), (ew.Min, FP8_MAX)):
-            k = conv.constant(np.asarray(c, np.float32), f"{x.name}_q", TensorType((), DType.float32))
-            out = conv.value(f"{x.name}_q", TensorType(x.shape, DType.float32))
+        v = conv.now(x)
+        dt = v.dtype if v.dtype in (DType.float16, DType.float32) else DType.float32
+        if dt is DType.float16 and not 2.0 ** -14 <= FP8_MAX / amax <= 65504:
+            dt = DType.float32  # 1 / sx has no normal fp16 value
+        v = v if v.dtype is dt else conv.as_full(x)
+        inv = np.asarray(FP8_MAX / amax, dt.np)
+        for op, c in ((ew.Mul, inv), (ew.Max, -FP8_MAX), (ew.Min, FP8_MAX)):
+            k = conv.constant(np.asarray(c, dt.np), f"{x.name}_q", TensorType((), dt))
+            out = conv.value(f"{x.name}_q", TensorType(x.shape, dt))
             conv.nodes.append(Node(op, (v, k), (out,), {}, out.name))
             v = out
-        conv.halves[key] = conv.cast(v, FP8)
+        conv.halves[key] = (conv.cast(v, FP8), np.float32(1.0 / np.float64(inv)))
     return conv.halves[key]
 
 
