@@ -190,7 +190,7 @@ def test_check_is_skipped_beyond_the_cost_limit(monkeypatch):
 
 
 @pytest.mark.parametrize("options,match", [
-    ({"dtype": "int8"}, "expected fp16, bf16 or fp32"),
+    ({"dtype": "int8"}, "expected fp16, bf16, fp8 or fp32"),
     ({"precision": "fp64"}, "expected fp32"),
     ({"precision": "tf32"}, "no TF32 mode"),
     ({"precision": "fp32", "allow_tf32": True, "target": "h100"}, "disagree"),

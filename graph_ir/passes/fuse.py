@@ -54,7 +54,11 @@ def _pattern_after_join(g: Group, n: Node) -> str | None:
     if g.pattern == "opaque":
         # a normalization's or softmax's result cast to half (--dtype) rounds at its store
         single = len(g.nodes) == 1 and g.nodes[0].op.name in ("Normalize", "Softmax")
-        return "opaque" if single and n.op.name == "Cast" and shape == g.out_shape else None
+        if single and n.op.name == "Cast" and shape == g.out_shape:
+            return "opaque"
+        # --dtype fp8: a norm's result scaled, clipped and rounded to e4m3 for the next GEMM is
+        # a second store of the same kernel
+        return "opaque" if _norm_epilogue(g, n) else None
     if _is_view(n):
         return g.pattern  # a reshape is indexing inside any kernel
     if g.pattern == "attention":  # closed, but for the movement back to the model's layout
@@ -74,6 +78,16 @@ def _pattern_after_join(g: Group, n: Node) -> str | None:
     if kind is Kind.CONTRACTION and g.pattern == "attention-scores" and n.op.name == "MatMul":
         return "attention"
     return None
+
+
+def _norm_epilogue(g: Group, n: Node) -> bool:
+    """``n`` elementwise on a Normalize group's values and scalar constants, same shape."""
+    if g.nodes[0].op.name != "Normalize" or n.op.kind is not Kind.ELEMENTWISE or \
+            any(m.op.kind is not Kind.ELEMENTWISE for m in g.nodes[1:]):
+        return False
+    inside = {v for m in g.nodes for v in m.outputs}
+    return tuple(n.outputs[0].shape) == tuple(g.nodes[0].outputs[0].shape) and all(
+        v in inside or (v.type.is_static and v.type.numel == 1) for v in n.inputs)
 
 
 def _initial_pattern(n: Node) -> str:
