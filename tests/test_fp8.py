@@ -172,3 +172,32 @@ def _graph(model):
     from deploy.compiler import import_model
     g, _ = import_model(model, None, None, None, None, None)
     return g
+
+
+def _norm_mlp(rng, m=32, d=64):
+    """LayerNorm -> MatMul, and the norm's result also feeds a residual Add (two readers)."""
+    inits = {"g": (1 + 0.1 * rng.standard_normal(d)).astype(F32),
+             "b": (0.1 * rng.standard_normal(d)).astype(F32),
+             "w": (rng.standard_normal((d, d)) / np.sqrt(d)).astype(F32)}
+    n = helper.make_node
+    nodes = [n("LayerNormalization", ["x", "g", "b"], ["h"], axis=-1),
+             n("MatMul", ["h", "w"], ["o"]), n("Add", ["h", "o"], ["y"])]
+    return make_model(nodes, [("x", F32, [m, d])], [("y", F32, [m, d])], inits, opset=17)
+
+
+@pytest.mark.parametrize("target", ["host", "h100"])
+def test_a_norm_writes_its_fp8_copy_in_the_same_kernel(target):
+    if target != "host":
+        pytest.importorskip("triton")
+    rng = np.random.default_rng(11)
+    model = _norm_mlp(rng)
+    art = deploy.compile(model, target=target, dtype="fp8",
+                         **({} if target == "host" else {"check_precision": False}))
+    norm = [n for n in art.graph.nodes
+            if any(m.op.name == "Normalize" for m in n.attrs["body"].nodes)]
+    assert len(norm) == 1 and sorted(v.dtype.name for v in norm[0].outputs) == \
+        ["float16", "float8e4m3fn"]
+    if target == "host":
+        x = rng.standard_normal((32, 64)).astype(F32)
+        ours, ref = art.load().run({"x": x})[0], run_ort(model, {"x": x})[0]
+        assert _rel(ours, ref) < 5e-2
