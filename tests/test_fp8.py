@@ -201,3 +201,21 @@ def test_a_norm_writes_its_fp8_copy_in_the_same_kernel(target):
         x = rng.standard_normal((32, 64)).astype(F32)
         ours, ref = art.load().run({"x": x})[0], run_ort(model, {"x": x})[0]
         assert _rel(ours, ref) < 5e-2
+
+
+@pytest.mark.gpu
+def test_e4m3_casts_on_the_gpu_match_ml_dtypes(tmp_path):
+    """Rounding to nearest even, +-448 kept, beyond 464 and infinities NaN (no saturation)."""
+    pytest.importorskip("triton")
+    from onnx import TensorProto
+    m = make_model([helper.make_node("Cast", ["x"], ["q"], to=TensorProto.FLOAT8E4M3FN,
+                                     saturate=0),
+                    helper.make_node("Cast", ["q"], ["y"], to=TensorProto.FLOAT)],
+                   [("x", F32, [4096])], [("y", F32, [4096])], opset=19)
+    x = (np.random.default_rng(12).standard_normal(4096) *
+         np.logspace(-9, 3, 4096)).astype(F32)
+    x[:6] = [448, 456, 464, 470, np.inf, -np.inf]
+    art = deploy.compile(m, target="h100")
+    (y,) = deploy.load(art.save(tmp_path / "m.dpk")).run({"x": x})
+    ref = x.astype(DType.float8e4m3fn.np).astype(F32)
+    np.testing.assert_array_equal(y, ref)

@@ -147,10 +147,15 @@ def test_inputs_take_ml_dtypes_or_raw_bits_and_say_what_they_expect():
 
 def test_gpu_targets_name_what_they_cannot_run_yet():
     pytest.importorskip("triton")
-    m = model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E4M3FN, name="to_fp8")],
-              [("x", TensorProto.FLOAT, [4, 8])], [("y", TensorProto.FLOAT8E4M3FN, [4, 8])])
-    with pytest.raises(DeployError, match=r"(?s)no float8/float4/int4/int2.*'to_fp8'.*float8e4m3fn"):
+    m = model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E5M2, name="to_fp8")],
+              [("x", TensorProto.FLOAT, [4, 8])], [("y", TensorProto.FLOAT8E5M2, [4, 8])])
+    with pytest.raises(DeployError, match=r"(?s)no float8/float4/int4/int2.*'to_fp8'.*float8e5m2"):
         deploy.compile(m, target="h100", aot=False)
+    e4m3 = model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E4M3FN)],
+                 [("x", TensorProto.FLOAT, [4, 8])], [("y", TensorProto.FLOAT8E4M3FN, [4, 8])])
+    with pytest.raises(DeployError, match=r"(?s)no float8.*float8e4m3fn"):
+        deploy.compile(e4m3, target="a100", aot=False)  # e4m3 needs sm_89 and newer
+    deploy.compile(e4m3, target="h100", aot=False)  # (run: tests/test_fp8.py, on the GPU)
 
 
 # ---- float8e8m0 (an exponent only): casts through its bits ------------------------------------

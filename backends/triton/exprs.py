@@ -352,6 +352,9 @@ class Emitter:
         dst = e.dtype
         if dst is DType.bool:
             return f"({x} != 0)"
+        if dst is DType.float8e4m3fn:  # no infinity: beyond 464 (and +-inf) is NaN, as in
+            # ONNX and ml_dtypes; the hardware's conversion would saturate at +-448 instead
+            x = f"tl.where(tl.abs({x}) <= 464.0, {x}, float('nan'))"
         if dst in NARROW:  # round through the narrow type
             return f"{x}.to({tl_type(dst)}).to(tl.float32)"
         if e.x.dtype is DType.bool:

@@ -386,7 +386,7 @@ class StageRenderer:
         em.emit(f"omask = (mi < {S(c.m)}) & (nj < {S(c.n)})")
         epi = transform(st.body, lambda e: Var("acc", c.red.dtype) if e == c.red else None)
         consts = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk}
-        meta = {"m": c.m, "n": c.n, "k": c.k, "half": c.half, "batch": outer,
+        meta = {"m": c.m, "n": c.n, "k": c.k, "half": c.half, "fp8": c.fp8, "batch": outer,
                 "heavy": heavy_epilogue(st)}
         if split > 1:
             return self._split_partial(st, epi, split, tiles * outer * split, cfg, consts, meta)

@@ -32,7 +32,14 @@ from ...progress import tuning_step
 from ...tensor_ir.expr import Reduce, walk
 from ...tensor_ir.kernel import Kernel, size_bucket, size_env, specialize
 from ...tensor_ir.tuning_db import TuningDB, TuningRecord, with_bucket
-from .config import LaunchConfig, describe, gemm_space, reduction_space, window_space
+from .config import (
+    LaunchConfig,
+    describe,
+    fp8_gemm_config,
+    gemm_space,
+    reduction_space,
+    window_space,
+)
 from .fuse import fuse_stages
 from .render import TritonFunction, TritonRenderer, _numel, _reduce_extent
 
@@ -92,6 +99,9 @@ def stage_spaces(fused: Kernel, renderer: TritonRenderer, level: str) -> dict[in
             batch = f.meta.get("batch", f.grid[0] // tiles)
             space = gemm_space(m, n, k, tgt, f.meta["half"], renderer.allow_tf32, batch, limit,
                                heavy_epilogue=f.meta.get("heavy", False))
+            if f.meta.get("fp8"):  # each candidate with fp8's longer BK first, then as it is
+                space = list(dict.fromkeys([fp8_gemm_config(c, k, tgt) for c in space]
+                                           + space))[:limit]
         elif f.template == "reduction":
             rn = max(_reduce_extent(r) for r in walk(st.body) if isinstance(r, Reduce))
             space = reduction_space(_numel(st.extents), rn, tgt, limit)

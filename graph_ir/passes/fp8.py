@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Graph, Node, Value
-from ..ops import contraction
+from ..ops import contraction, movement
 from ..ops import elementwise as ew
 from ..types import DType, TensorType
 
@@ -73,6 +73,12 @@ def _quantized(conv, x: Value, amax: float) -> tuple[Value, np.float32]:
     stored, so its producer writes no float32 copy; ``sx`` is the scale that type's ``1 / sx``
     stands for."""
     key = ("fp8", x)
+    view = _view_of(conv, conv.now(x))
+    if view is not None and key not in conv.halves:  # quantize what the view reads, then view it
+        inner, sx = _quantized(conv, view.inputs[0], amax)
+        out = conv.value(f"{inner.name}_v", TensorType(x.shape, FP8))
+        conv.nodes.append(Node(movement.Reshape, (inner,), (out,), dict(view.attrs), out.name))
+        conv.halves[key] = (out, sx)
     if key not in conv.halves:
         v = conv.now(x)
         dt = v.dtype if v.dtype in (DType.float16, DType.float32) else DType.float32
@@ -87,6 +93,16 @@ def _quantized(conv, x: Value, amax: float) -> tuple[Value, np.float32]:
             v = out
         conv.halves[key] = (conv.cast(v, FP8), np.float32(1.0 / np.float64(inv)))
     return conv.halves[key]
+
+
+def _view_of(conv, v: Value) -> Node | None:
+    """The Reshape (a free view) that produced the converted value ``v``, if one did: the
+    attention template stores its result through a transpose but not through a reshape, so its
+    fp8 copy is taken before the view."""
+    for n in reversed(conv.nodes):
+        if v in n.outputs:
+            return n if n.op is movement.Reshape and n.inputs[0].dtype is v.dtype else None
+    return None
 
 
 def calibrate(g: Graph, inputs: dict[str, np.ndarray]) -> dict[str, float]:

@@ -62,7 +62,9 @@ def _pattern_after_join(g: Group, n: Node) -> str | None:
     if _is_view(n):
         return g.pattern  # a reshape is indexing inside any kernel
     if g.pattern == "attention":  # closed, but for the movement back to the model's layout
-        return g.pattern if kind is Kind.MOVEMENT else None
+        # (and --dtype fp8's scale, clip and e4m3 cast of the result: one store)
+        ok = kind is Kind.MOVEMENT or (kind is Kind.ELEMENTWISE and _scalar_epilogue(g, n))
+        return g.pattern if ok else None
     if kind is Kind.CONTRACTION and g.movement_only:
         return "contraction"  # operands sliced / reshaped / transposed as indexing
     if kind in LIGHT:
@@ -85,8 +87,14 @@ def _norm_epilogue(g: Group, n: Node) -> bool:
     if g.nodes[0].op.name != "Normalize" or n.op.kind is not Kind.ELEMENTWISE or \
             any(m.op.kind is not Kind.ELEMENTWISE for m in g.nodes[1:]):
         return False
+    return tuple(n.outputs[0].shape) == tuple(g.nodes[0].outputs[0].shape) and \
+        _scalar_epilogue(g, n)
+
+
+def _scalar_epilogue(g: Group, n: Node) -> bool:
+    """``n`` reads only the group's values and scalar constants, and has the group's shape."""
     inside = {v for m in g.nodes for v in m.outputs}
-    return tuple(n.outputs[0].shape) == tuple(g.nodes[0].outputs[0].shape) and all(
+    return tuple(n.outputs[0].shape) == g.out_shape and all(
         v in inside or (v.type.is_static and v.type.numel == 1) for v in n.inputs)
 
 
