@@ -315,7 +315,8 @@ class Emitter:
             return f"tl.load({ref.param} + ({off}))"
         if not any(v in self.block_vars for v in walk(e) if isinstance(v, Var)):
             off += f" + {guard}.to(tl.int32) * 0"  # a block of one address
-        return f"tl.load({ref.param} + ({off}), mask={guard}, other=0)"
+        other = "0.0" if ref.dtype is DType.float8e4m3fn else "0"  # (no int -> fp8 cast)
+        return f"tl.load({ref.param} + ({off}), mask={guard}, other={other})"
 
     def _load(self, e: Load, guard: str | None) -> str:
         raw = self.load_raw(e, guard)
