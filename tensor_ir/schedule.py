@@ -27,6 +27,9 @@ from .kernel import Kernel, Stage
 from .qgemm import QGemmStage
 
 PARALLEL_MIN_WORK = 1 << 18  # multiply-adds below which an OpenMP region costs more than it gives
+# a convolution's zero-padded input copy: shared from a smaller size (ResNet-50's later stages
+# at batch 1 copied 65K-230K points on one thread while 15 cores waited; docs/benchmarks.md)
+PARALLEL_MIN_COPY = 1 << 16
 # rows of contiguous dot products (norm statistics): each thread streams whole rows, so sharing
 # pays from a smaller size (BERT-base end to end: 0.93 of ORT's time, 0.99 with this threshold
 # for every stage, which also slowed MobileNetV2 from 0.90 to 1.08)
@@ -220,6 +223,12 @@ def rule_generic(stage: Stage, min_work: int = PARALLEL_MIN_WORK) -> StageSchedu
 
 def _vars_in(e: Expr) -> set:
     return {x for x in walk(e) if isinstance(x, Var)}
+
+
+def _padded_copy(stage: Stage) -> bool:
+    """``out[p] = cond ? x[f(p)] : 0``: a zero-padded copy (a convolution's padded input)."""
+    body = stage.body.x if isinstance(stage.body, Cast) else stage.body
+    return stage.store_index is None and isinstance(body, Select) and operand_ok(body)
 
 
 def operand_ok(e: Expr) -> bool:
@@ -428,7 +437,7 @@ def _by_rules(stage: Stage, mr: int, nr: int, vector_bits: int) -> StageSchedule
         if sched is not None:
             break
     else:
-        return rule_generic(stage)
+        return rule_generic(stage, PARALLEL_MIN_COPY if _padded_copy(stage) else PARALLEL_MIN_WORK)
     g = sched.gemm
     if g is not None and vector_bits == 512 and stage.vars[g.j] not in _vars_in(g.a):
         fit = fitted_tile(stage.extents[g.i], stage.extents[g.j])

@@ -344,8 +344,10 @@ class CRenderer:
                 lines.append(f"{ind}  const int64_t {v1} = {full1};")
                 nest("", {order[0]: step0, order[1]: rem1}, ind + "  ", False)
                 lines.append(f"{ind}}}")
-            if rem0:
+            if rem0:  # the narrower last panel's row tiles shared too, not left to one thread
                 lines.append(f"{ind}{{ const int64_t {v0} = {full0};")
+                if full1 >= 2 * step1:
+                    lines.append(f"{ind}  #pragma omp parallel for schedule(static)")
                 nest(order[1:], {order[0]: rem0}, ind + "  ", False)
                 lines.append(f"{ind}}}")
 
