@@ -4,7 +4,9 @@
         [--threads 2] [--tune none|quick|full] [--no-torch]
 
 For each model: export it (bench.models), compile it with deploy for ``host`` (optionally tuned),
-check it against ONNX Runtime (rtol 1e-3, atol 1e-4), then time every engine on the same inputs,
+check it against ONNX Runtime (rtol 1e-3, atol 1e-4 of the output's largest magnitude: a
+random-weight ResNet-50's logits reach 375, where float32 sums in another order differ by 3e-4),
+then time every engine on the same inputs,
 in alternating blocks (so the shared machine's load falls on all alike):
 medians after warm-up, milliseconds, and the ratios deploy/ORT and deploy/torch.compile. ORT and
 torch use the same thread count as deploy's OpenMP. Prints one markdown row per model.
@@ -59,7 +61,8 @@ def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch
     so.intra_op_num_threads = threads
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     ours, ref = mod.run(feed), sess.run(None, feed)
-    ok = all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(ours, ref))
+    ok = all(np.allclose(a, b, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(b).max(initial=0))))
+             for a, b in zip(ours, ref))
     engines = [lambda: mod.run(feed), lambda: sess.run(None, feed)]
     if torch_too:
         import torch
