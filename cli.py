@@ -31,6 +31,7 @@ from . import __version__, config
 from .cli_sign import add_commands as add_sign_commands
 from .errors import DeployError, InputError, UsageError
 from .progress import Progress, for_command
+from .runtime.dtypes import storage_dtype
 from .runtime.shapes import dim_text, input_shapes
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a deploy bug, not a user error
@@ -834,7 +835,7 @@ def _nbytes(v: dict) -> int:
     n = 1
     for d in v["shape"]:
         n *= d if isinstance(d, int) else 1
-    return n * np.dtype(v["dtype"]).itemsize
+    return n * storage_dtype(v["dtype"]).itemsize  # (float8 and others: ml_dtypes' names)
 
 
 def _codegen_summary(r: dict) -> str:

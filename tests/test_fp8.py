@@ -220,3 +220,15 @@ def test_e4m3_casts_on_the_gpu_match_ml_dtypes(tmp_path):
     (y,) = deploy.load(art.save(tmp_path / "m.dpk")).run({"x": x})
     ref = x.astype(DType.float8e4m3fn.np).astype(F32)
     np.testing.assert_array_equal(y, ref)
+
+
+def test_inspect_in_a_fresh_process_reads_fp8_values(tmp_path):
+    """`deploy inspect` sizes every value, e4m3 ones too, without ml_dtypes imported."""
+    import subprocess
+    import sys
+    out = tmp_path / "m.dpk"
+    deploy.compile(_mlp(np.random.default_rng(13)), dtype="fp8").save(out)
+    res = subprocess.run([sys.executable, "-m", "deploy", "inspect", str(out)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "precision: fp8" in res.stdout
