@@ -232,3 +232,16 @@ def test_inspect_in_a_fresh_process_reads_fp8_values(tmp_path):
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr
     assert "precision: fp8" in res.stdout
+
+
+def test_symbolic_model_calibrates_at_the_arrays_shapes():
+    rng = np.random.default_rng(14)
+    w = (rng.standard_normal((64, 96)) / 8).astype(F32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", F32, ["batch", 64])],
+                       [("y", F32, ["batch", 96])], {"w": w})
+    art = deploy.compile(model, dtype="fp8",
+                         calibrate={"x": rng.standard_normal((40, 64)).astype(F32)})
+    assert art.manifest["precision"]["fp8_gemms"] == 1
+    for batch in (1, 7, 33):  # one artifact, every batch
+        x = rng.standard_normal((batch, 64)).astype(F32)
+        assert _rel(art.load().run({"x": x})[0], x @ w) < 6e-2
