@@ -138,8 +138,8 @@ def render_attention(sr, st: AttentionStage):
     em.emit(f"omask = rows & (oc < {sp.dv})")
     em.env[OI], em.env[OC], em.env[ACC] = "mi", "oc", "o"
     em.block_vars |= {OI, OC}
-    value = em.expr(sp.value, "omask")
     out = sr.refs[st.out]
+    value = em.stored(sp.value, "omask", out.dtype)
     off = em.flat(st.out, sp.out_index, "omask")
     em.emit(f"tl.store({out.param} + ({off}), {em.store_value(value, out.dtype)}, mask=omask)")
     consts = {"BM": cfg.bm, "BN": cfg.bn, "BD": cfg.bd, "BDV": cfg.bdv}

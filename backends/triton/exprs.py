@@ -353,20 +353,49 @@ class Emitter:
         dst = e.dtype
         if dst is DType.bool:
             return f"({x} != 0)"
-        if dst is DType.float8e4m3fn:  # no infinity: beyond 464 (and +-inf) is NaN, as in
-            # ONNX and ml_dtypes; the hardware's conversion would saturate at +-448 instead
-            x = f"tl.where(tl.abs({x}) <= 464.0, {x}, float('nan'))"
+        if dst is DType.float8e4m3fn:
+            x = self._e4m3_range(e.x, x)
         if dst in NARROW:  # round through the narrow type
             return f"{x}.to({tl_type(dst)}).to(tl.float32)"
         if e.x.dtype is DType.bool:
             return f"{x}.to(tl.int8).to({tl_type(dst)})"
         return f"{x}.to({tl_type(dst)})"
 
+    @staticmethod
+    def _e4m3_range(e: Expr, x: str) -> str:
+        """e4m3 has no infinity: beyond 464 (and +-inf) is NaN, as in ONNX and ml_dtypes (the
+        hardware's conversion saturates at +-448); a value clipped into range needs no test."""
+        if _clipped(e, 464.0):
+            return x
+        return f"tl.where(tl.abs({x}) <= 464.0, {x}, float('nan'))"
+
+    def stored(self, e: Expr, guard: str | None, dtype: DType) -> str:
+        """``e`` for a store to a ``dtype`` buffer: a final cast to that narrow float type is
+        left to the store's own conversion (one rounding, not a round trip and another)."""
+        if isinstance(e, Cast) and e.dtype is dtype and dtype in NARROW and \
+                compute_dtype(e.x.dtype) is DType.float32:
+            x = self.expr(e.x, guard)
+            return self._e4m3_range(e.x, x) if dtype is DType.float8e4m3fn else x
+        return self.expr(e, guard)
+
     def store_value(self, value: str, dtype: DType) -> str:
         """A computed value converted to ``dtype``'s storage type."""
         if dtype is DType.bool:
             return f"{value}.to(tl.int8)"
         return f"{value}.to({tl_type(dtype)})"
+
+
+def _clipped(e: Expr, bound: float) -> bool:
+    """``e`` is a float MIN/MAX pair against constants within +-``bound`` (a clip)."""
+    if not (isinstance(e, Binary) and e.op in (B.MIN, B.MAX)):
+        return False
+    inner, c = (e.a, e.b) if isinstance(e.b, Const) else (e.b, e.a)
+    if not (isinstance(c, Const) and isinstance(inner, Binary) and
+            {inner.op, e.op} == {B.MIN, B.MAX}):
+        return False
+    c2 = inner.b if isinstance(inner.b, Const) else inner.a
+    return isinstance(c2, Const) and all(isinstance(k.value, (int, float)) and
+                                         abs(k.value) <= bound for k in (c, c2))
 
 
 def point_key(buf: str, index, shape) -> tuple:

@@ -203,7 +203,7 @@ class StageRenderer:
         em.emit(f"xidx = {self._flat_index(n, 'XBLOCK')}")
         em.emit(f"xmask = xidx < {S(n)}")
         em.decompose("xidx", st.vars, st.extents)
-        value = em.expr(st.body, "xmask")
+        value = em.stored(st.body, "xmask", self.refs[st.out].dtype)
         self._store(st, value, "xmask", "xidx")
         grid = (cdiv(n, cfg.block),)
         return self._function("pointwise", {"XBLOCK": cfg.block}, grid, cfg)
@@ -391,8 +391,11 @@ class StageRenderer:
         if split > 1:
             return self._split_partial(st, epi, split, tiles * outer * split, cfg, consts, meta)
         em.env[Var("acc", c.red.dtype)] = "acc"
-        value = em.expr(epi, "omask")
-        self._store(st, value, "omask", None)
+        whole = isinstance(c.m, int) and isinstance(c.n, int) and \
+            c.m % cfg.bm == 0 and c.n % cfg.bn == 0  # every tile inside: no epilogue masks
+        guard = None if whole else "omask"
+        value = em.stored(epi, guard, self.refs[st.out].dtype)
+        self._store(st, value, guard, None)
         return self._function("gemm", consts, (tiles * outer,), cfg, meta)
 
     def _split(self, st: Stage, c: Contraction, cfg: GemmConfig) -> int:

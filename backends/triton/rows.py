@@ -24,7 +24,7 @@ from ...tensor_ir.attention import AttentionStage
 from ...tensor_ir.expr import Load, R, Reduce, Var, substitute, walk
 from ...tensor_ir.kernel import Kernel, Stage
 from .config import LaunchConfig, _sms, _warps, pow2
-from .exprs import S, point_key
+from .exprs import NARROW, S, point_key, tl_type
 from .reduce_ops import _acc_dtype, _as_acc, _final, _init, _typed
 from .sizes import cdiv
 
@@ -155,8 +155,8 @@ def render_rows(sr, k: Kernel, plan: RowsPlan):
     em.reduce_fn = reduce_row
     for st in plan.stages:
         mask = "cmask" if COL in st.vars else "xmask"
-        value = em.expr(st.body, mask)
         out = sr.refs[st.out]
+        value = em.stored(st.body, mask, out.dtype)  # (_as_stored rounds it for later reads)
         if st.out in outputs:
             off = em.flat(st.out, st.vars, mask)
             em.emit(f"tl.store({out.param} + ({off}), {em.store_value(value, out.dtype)}, "
@@ -168,9 +168,8 @@ def render_rows(sr, k: Kernel, plan: RowsPlan):
 
 def _as_stored(em, value: str, dtype: DType) -> str:
     """The value a later load of the stored element would give (half types round)."""
-    if dtype in (DType.float16, DType.bfloat16):
-        return em.let(f"{value}.to({'tl.float16' if dtype is DType.float16 else 'tl.bfloat16'})"
-                      f".to(tl.float32)")
+    if dtype in NARROW:
+        return em.let(f"{value}.to({tl_type(dtype)}).to(tl.float32)")
     if dtype is DType.bool:
         return em.let(f"({value} != 0)")
     return value
