@@ -18,6 +18,7 @@ from ..tensor_ir.tuning_db import with_bucket
 from .base import Backend, Built
 from .gpu_build import build_gpu
 from .gpu_weights import transpose_weights
+from .triton.qgemm import pack_kernel as pack_qgemm
 from .triton.sizes import SizeParams
 
 
@@ -78,11 +79,17 @@ class GpuBackend(Backend):
                 + "\n  - ".join(dict.fromkeys(bad)))
 
     def prepare(self, plan) -> None:
-        """Constant GEMM operands with unaligned rows are stored transposed
-        (gpu_weights.py); the copy takes the input's place in its step, and a constant no step
-        reads any more is dropped."""
+        """int8 contractions get their weights packed for tensor cores (triton/qgemm.py).
+        Constant GEMM operands with unaligned rows are stored transposed (gpu_weights.py); the
+        copy takes the input's place in its step, and a constant no step reads any more is
+        dropped."""
         made: dict[tuple[int, str], int] = {}
+        int8 = False
         for n, (k, step) in enumerate(zip(plan.kernels, plan.kernel_steps())):
+            packed = pack_qgemm(k, step, plan)
+            if packed is not k:
+                plan.kernels[n], int8 = packed, True
+                continue
             consts = {b.name: pos for pos, b in enumerate(k.inputs)
                       if pos < len(step["inputs"]) and step["inputs"][pos] in plan.constants}
             new_k, moved = transpose_weights(k, set(consts))
@@ -93,7 +100,7 @@ class GpuBackend(Backend):
                     made[(src, buf.dtype.name)] = plan.new_constant(swapped, buf)
                 step["inputs"][consts[name]] = made[(src, buf.dtype.name)]
             plan.kernels[n] = new_k
-        if made:
+        if made or int8:
             plan.drop_unused_constants()
 
     def tuned_for(self, k, db) -> dict | None:

@@ -27,10 +27,11 @@ import numpy as np
 from .cpu import interleaved_ms
 
 
-def qdq_path(name: str, calib: int, reduce_range: bool, ops: tuple[str, ...] = ()) -> Path:
-    """The QDQ model of ``name`` (batch 1), quantized once and cached beside its export."""
+def qdq_path(name: str, calib: int, reduce_range: bool, ops: tuple[str, ...] = (),
+             batch: int = 1) -> Path:
+    """The QDQ model of ``name`` at ``batch``, quantized once and cached beside its export."""
     from .models import input_specs, model_path, random_inputs
-    fp32 = model_path(name, batch=1)
+    fp32 = model_path(name, batch=batch)
     tag = f"{'-rr' if reduce_range else ''}{'-' + '-'.join(ops).lower() if ops else ''}"
     out = fp32.with_name(f"{fp32.stem}-qdq-pc-c{calib}{tag}.onnx")
     if out.exists():

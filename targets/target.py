@@ -45,8 +45,9 @@ SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
                                      "e.g. {fp32: 67, fp16: 989}")),
     "preferred_layout": ((str,), False, "'NCHW' or 'NHWC' for convolutions"),
     "cc_flags": ((list,), False, "extra C compiler flags (CPU)"),
-    "int8": ((str,), False, ("integer kernels for int8 QDQ contractions (CPU): vnni, avx2, "
-                             "scalar or none; absent = chosen from isa (int8_path)")),
+    "int8": ((str,), False, ("integer kernels for int8 QDQ contractions: vnni, avx2, scalar "
+                             "or none (CPU), mma or none (GPU); absent = chosen from isa "
+                             "(int8_path)")),
 }
 KINDS = {"cpu", "gpu"}
 BACKENDS = {"cpu": {"c"}, "gpu": {"triton", "cuda"}}
@@ -54,7 +55,7 @@ LAYOUTS = {"NCHW", "NHWC"}
 PEAK_DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 VECTOR_BITS = {128, 256, 512}
 WARP_SIZES = {32, 64}
-INT8_PATHS = ("vnni", "avx2", "scalar", "none")
+INT8_PATHS = {"cpu": ("vnni", "avx2", "scalar", "none"), "gpu": ("mma", "none")}
 GPU_ARCH = {"nvidia": re.compile(r"sm_\d+a?$"), "amd": re.compile(r"gfx[0-9a-f]+$")}
 GPU_REQUIRED = ("warp_size", "sm_count", "shared_mem_per_block")
 
@@ -114,11 +115,11 @@ def int8_path(target: Target, isa) -> str:
     """The int8 kernels of a target: its ``int8`` key where given; else ``vnni`` where the ISA
     has u8 x s8 dot products (``avx512_vnni`` with ``avx512vl``, or ``avx_vnni``), ``avx2``
     (int8 widened to int16, ``_mm256_madd_epi16``) with AVX2, ``scalar`` on other CPUs, and
-    ``none`` (QDQ models keep their float decomposition) on GPUs."""
+    ``mma`` (int8 tensor cores through ``tl.dot``, backends/triton/qgemm.py) on GPUs."""
     if target.int8:
         return target.int8
     if target.kind != "cpu":
-        return "none"
+        return "mma"
     isa = set(isa)
     if "avx_vnni" in isa or {"avx512_vnni", "avx512vl"} <= isa:
         return "vnni"
@@ -278,8 +279,10 @@ def _check_values(data: dict) -> list[str]:
     if data.get("preferred_layout", "NCHW") not in LAYOUTS:
         problems.append(f"key 'preferred_layout' must be one of {sorted(LAYOUTS)}, "
                         f"got {_short(data['preferred_layout'])}")
-    if data.get("int8", "none") not in INT8_PATHS:
-        problems.append(f"key 'int8' must be one of {list(INT8_PATHS)}, got {_short(data['int8'])}")
+    paths = INT8_PATHS.get(kind, INT8_PATHS["cpu"])
+    if data.get("int8", "none") not in paths:
+        problems.append(f"key 'int8' must be one of {list(paths)} on a {kind} target, got "
+                        f"{_short(data['int8'])}")
     problems += _check_numbers(data)
     for key, accepted in (("vector_bits", VECTOR_BITS), ("warp_size", WARP_SIZES)):
         if key in data and data[key] not in accepted:  # (tuning-record keys, on any kind)

@@ -4,6 +4,8 @@ no recomputation of reductions (``inline``). Intermediates that cannot be inline
 temporaries inside the kernel."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..graph_ir.graph import Node, Value
@@ -58,8 +60,9 @@ def _rename_stage(s: Stage, bufs: dict[str, str], prefix: str) -> Stage:
         return None
     new_vars = tuple(Var(prefix + v.name) for v in s.vars)
     index = None if s.store_index is None else tuple(transform(i, fn) for i in s.store_index)
-    return Stage(bufs.get(s.out, s.out), new_vars, s.extents, transform(s.body, fn), index,
-                 s.accumulate)
+    # (dataclasses.replace keeps a templated stage's class and spec: an int8 GEMM's)
+    return dataclasses.replace(s, out=bufs.get(s.out, s.out), vars=new_vars,
+                               body=transform(s.body, fn), store_index=index)
 
 
 def _loads_of(stages, buf: str):
@@ -76,6 +79,8 @@ INLINE_GROWTH = 256  # expression nodes an elementwise stage may add by being co
 
 def _inlinable(kernel: Kernel, k: int, stage: Stage) -> bool:
     temp_names = {t.name for t in kernel.temps}
+    if type(stage) is not Stage:
+        return False  # a templated stage (an int8 GEMM) has no body to copy
     if stage.out not in temp_names or stage.store_index is not None:
         return False
     if sum(1 for s in kernel.stages if s.out == stage.out) != 1:
@@ -134,7 +139,7 @@ def _inline_one(kernel: Kernel, k: int, stage: Stage) -> Kernel:
         if j == k:
             continue
         index = None if s.store_index is None else tuple(transform(i, fn) for i in s.store_index)
-        stages.append(Stage(s.out, s.vars, s.extents, transform(s.body, fn), index, s.accumulate))
+        stages.append(dataclasses.replace(s, body=transform(s.body, fn), store_index=index))
     temps = [t for t in kernel.temps if t.name != stage.out]
     return Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages, kernel.note,
                   kernel.aliases)

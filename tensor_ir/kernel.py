@@ -185,8 +185,8 @@ def map_sizes(k: Kernel, fn) -> Kernel:
         return transform(e, fix)
 
     def spec(sp):  # an AttentionStage's spec (tensor_ir/attention.py)
-        if sp is None:
-            return None
+        if sp is None or not hasattr(sp, "outer"):
+            return sp  # (a QGemmStage's spec holds numbers only)
         return dataclasses.replace(
             sp, outer=tuple((v, size(e)) for v, e in sp.outer), sq=size(sp.sq), sk=size(sp.sk),
             dk=size(sp.dk), dv=size(sp.dv), q=expr(sp.q), k=expr(sp.k), v=expr(sp.v),

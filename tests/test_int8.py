@@ -228,8 +228,8 @@ def test_not_foldable_keeps_float_decomposition(target):
           ort_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
 
 
-def test_gpu_targets_keep_the_float_decomposition():
-    assert load_target("h100").int8_path() == "none"
+def test_gpu_targets_run_int8_tensor_cores():
+    assert load_target("h100").int8_path() == "mma"  # (tests/test_int8_gpu.py)
     assert load_target("aarch64-neon").int8_path() == "scalar"
 
 

@@ -38,6 +38,8 @@ def fuse_stages(kernel: Kernel, constants: dict | None = None, attention: bool =
 
 def _merge(kernel: Kernel, stages: list[Stage], k: int) -> Stage | None:
     p, c = stages[k], stages[k + 1]
+    if type(p) is not Stage or type(c) is not Stage:
+        return None  # templated stages (attention, int8 GEMMs) render their own epilogues
     x = p.out
     if p.store_index is not None or c.store_index is not None or p.extents != c.extents:
         return None

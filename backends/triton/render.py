@@ -39,6 +39,7 @@ from ...tensor_ir.expr import (
     walk,
 )
 from ...tensor_ir.kernel import Kernel, Stage
+from ...tensor_ir.qgemm import QGemmStage
 from ...tensor_ir.schedule import injective_store, operand_ok
 from ..device_code import GpuFunction as TritonFunction
 from .attention import AttentionStage, render_attention
@@ -52,6 +53,7 @@ from .config import (
     split_chunk,
 )
 from .exprs import NARROW, PRELUDE, PTR_TYPE, BufRef, Emitter, S, compute_dtype, tl_type
+from .qgemm import qgemm_epilogue, render_qgemm
 from .reduce_ops import _acc_dtype, _as_acc, _combine, _final, _init, _typed
 from .rows import render_rows, rows_plan
 from .sizes import SizeParams, cdiv, used_params
@@ -100,16 +102,19 @@ class TritonRenderer:
     def _kernel(self, k: Kernel, tuned: dict[int, dict] | None) -> list[TritonFunction]:
         refs, owner = kernel_buffers(k)
         wide = any(hint(_numel(b.shape)) >= BIG for b in (*k.inputs, *k.outputs, *k.temps))
-        plan = rows_plan(k)
+        plan = None if any(isinstance(s, QGemmStage) for s in k.stages) else rows_plan(k)
         if plan is not None:  # every stage on the same short rows: one function (rows.py)
             fn = render_rows(StageRenderer(self, f"{k.name}_rows", refs, wide), k, plan)
             fn.args, fn.stage = [owner[p] for p in fn.args], 0
             return [fn]
-        out = []
+        out, skip = [], set()
         for s, stage in enumerate(k.stages):
-            if _numel(stage.extents) == 0:
-                continue  # nothing to write
+            if _numel(stage.extents) == 0 or s in skip:
+                continue  # nothing to write, or an int8 GEMM's epilogue rendered with it
             sr = StageRenderer(self, f"{k.name}_s{s}", refs, wide, (tuned or {}).get(s))
+            sr.epilogue = qgemm_epilogue(k, s)
+            if sr.epilogue is not None:
+                skip.add(s + 1)
             fn = sr.render(stage)
             for f in (fn, *sr.extra):  # split-K: the partial GEMM, then the sum + epilogue
                 f.args = [owner.get(p) or sr.owner[p] for p in f.args]
@@ -134,10 +139,13 @@ class StageRenderer:
         self.em = Emitter(refs)
         self.extra: list[TritonFunction] = []  # functions launched after this one (split-K)
         self.owner: dict[str, str] = {}  # parameter -> buffer, for buffers this stage adds
+        self.epilogue: Stage | None = None  # an int8 GEMM's elementwise consumer (qgemm.py)
 
     def render(self, st: Stage) -> TritonFunction:
         if isinstance(st, AttentionStage):
             return render_attention(self, st)
+        if isinstance(st, QGemmStage):
+            return render_qgemm(self, st, self.epilogue)
         if _is_serial(st, self.refs):
             return self.serial(st)
         contraction = contraction_of(st)

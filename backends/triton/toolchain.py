@@ -359,8 +359,10 @@ def _compile_specs(source: str | None, specs: list[dict], target, target_name: s
                 c = triton.compile(src, target=target, options={"num_warps": f["num_warps"],
                                                                 "num_stages": f["num_stages"]})
             except Exception as e:  # noqa: BLE001  (triton raises many types)
+                cause = e.__cause__ or e.__context__  # (a CompilationError's own reason)
+                why = f"\ncaused by {type(cause).__name__}: {cause}" if cause else ""
                 raise CompileError(f"triton could not compile {f['name']} ({f['template']} "
-                                   f"template) for {target_name}: {type(e).__name__}: {e}\n"
+                                   f"template) for {target_name}: {type(e).__name__}: {e}{why}\n"
                                    f"--- source ---\n{f['source']}") from None
             out[f["name"]] = _binary(c, f["name"], f["nargs"], target.backend)
     return out

@@ -102,6 +102,11 @@ def stage_spaces(fused: Kernel, renderer: TritonRenderer, level: str) -> dict[in
             if f.meta.get("fp8"):  # each candidate with fp8's longer BK first, then as it is
                 space = list(dict.fromkeys([fp8_gemm_config(c, k, tgt) for c in space]
                                            + space))[:limit]
+        elif f.template == "qgemm":  # int8: fp16's tiles with 8-bit K steps, no split-K
+            m, n, k = f.meta["m"], f.meta["n"], f.meta["k"]
+            space = [dataclasses.replace(fp8_gemm_config(c, k, tgt), split_k=1)
+                     for c in gemm_space(m, n, k, tgt, True, False, 1, limit)]
+            space = list(dict.fromkeys(space))
         elif f.template == "reduction":
             rn = max(_reduce_extent(r) for r in walk(st.body) if isinstance(r, Reduce))
             space = reduction_space(_numel(st.extents), rn, tgt, limit)

@@ -18,6 +18,8 @@ Before: ``Conv -> Mul -> Add -> Relu``  After: ``Fused[contraction](Conv, Mul, A
 """
 from __future__ import annotations
 
+from collections import Counter
+
 from dataclasses import dataclass, field
 
 from ..graph import Graph, Node, Value, symbol_deps
@@ -30,7 +32,7 @@ SOFTMAX_OPS = {"Softmax"}
 @dataclass(eq=False)
 class Group:
     nodes: list[Node] = field(default_factory=list)
-    pattern: str = "elementwise"  # elementwise | reduction | contraction | attention-scores | attention
+    pattern: str = "elementwise"  # elementwise | reduction | contraction | attention-scores | attention | qgemm
     deps: set = field(default_factory=set)  # groups this one depends on (transitively)
     out_shape: tuple = ()
 
@@ -98,23 +100,42 @@ def _scalar_epilogue(g: Group, n: Node) -> bool:
         v in inside or (v.type.is_static and v.type.numel == 1) for v in n.inputs)
 
 
-def _initial_pattern(n: Node) -> str:
+QGEMM_OPS = ("QConv", "QMatMul")
+
+
+def _initial_pattern(n: Node, epilogues: bool = False) -> str:
+    if epilogues and n.op.name in QGEMM_OPS:
+        return "qgemm"  # an int8 contraction that takes an elementwise epilogue (GPU)
     if not _fusible(n) or n.op.kind is Kind.OPAQUE:
         return "opaque"  # views, host ops and opaque ops stay alone
     return {Kind.REDUCTION: "reduction", Kind.CONTRACTION: "contraction"}.get(n.op.kind,
                                                                            "elementwise")
 
 
-def partition(g: Graph) -> list[Group]:
+def _dequantizes_shared(n: Node, uses: Counter) -> bool:
+    """An integer -> float Cast of a value that other nodes read too starts a group of its own
+    (its consumers recompute it): joined to the producer, the wider float copy would be one
+    more output to write (a QDQ ResNet's block output, uint8, dequantized for the residual
+    add of the next block, was written a second time in float32)."""
+    if n.op.name != "Cast" or uses[n.inputs[0]] < 2:
+        return False
+    src, dst = n.inputs[0].dtype, n.outputs[0].dtype
+    return src.is_int and dst.is_float and src.itemsize < dst.itemsize
+
+
+def partition(g: Graph, int8_epilogues: bool = False) -> list[Group]:
+    """Groups of nodes, one kernel each; ``int8_epilogues``: QConv / QMatMul take elementwise
+    epilogues (the GPU backends render them in the int8 GEMM's epilogue)."""
     producer_group: dict[Value, Group] = {}
     groups: list[Group] = []
     order = {n: k for k, n in enumerate(g.nodes)}
     sym_deps = symbol_deps(g)  # host ops binding sizes a node uses: dependencies too
+    uses = Counter(v for n in g.nodes for v in n.inputs if v is not None)
     for n in g.nodes:
         in_groups = [producer_group[v] for v in n.inputs if v is not None and v in producer_group]
         in_groups += [producer_group[h.outputs[0]] for h in sym_deps.get(n, ())]
         target = None
-        if _fusible(n) or _is_view(n):
+        if (_fusible(n) or _is_view(n)) and not _dequantizes_shared(n, uses):
             for cand in dict.fromkeys(in_groups):
                 pattern = _pattern_after_join(cand, n)
                 if pattern is None or any(cand in other.deps for other in in_groups
@@ -124,11 +145,12 @@ def partition(g: Graph) -> list[Group]:
                 target.pattern = pattern
                 break
         if target is None:
-            target = Group(pattern=_initial_pattern(n))
+            target = Group(pattern=_initial_pattern(n, int8_epilogues))
             groups.append(target)
-        elif target.pattern == "elementwise" or n.op.kind is Kind.CONTRACTION:
+        elif target.pattern in ("elementwise", "qgemm") or n.op.kind is Kind.CONTRACTION:
             for other in dict.fromkeys(in_groups):
-                if _can_merge(target, other, n):
+                if _can_merge(target, other, n) and (target.pattern != "qgemm" or
+                                                     _private(other, n, uses)):
                     _merge(target, other, groups, producer_group, order)
         target.nodes.append(n)
         target.out_shape = tuple(n.outputs[0].shape) if n.outputs else ()
@@ -138,6 +160,10 @@ def partition(g: Graph) -> list[Group]:
         for v in n.outputs:
             producer_group[v] = target
     _peel_trailing_views(groups, producer_group)
+    _sink_widening_epilogues(groups, producer_group, order)
+    for gr in groups:  # the int8 GEMM first: its inputs are the kernel's first (weights packed)
+        if gr.pattern == "qgemm":
+            gr.nodes.sort(key=lambda n: (n.op.name not in QGEMM_OPS, order[n]))
     return _toposort(groups, producer_group, sym_deps)
 
 
@@ -157,6 +183,34 @@ def _peel_trailing_views(groups: list[Group], producer_group: dict) -> None:
                 producer_group[n.outputs[0]] = alone
 
 
+def _sink_widening_epilogues(groups: list[Group], producer_group: dict,
+                             order: dict[Node, int]) -> None:
+    """An int8 GEMM whose epilogue only widens its values for one other kernel (a QDQ
+    ResNet's shortcut convolution, dequantized for the residual add of the main branch) hands
+    that epilogue to the kernel that reads it: the bytes cross memory, not their float32
+    copy."""
+    group_of = {n: gr for gr in groups for n in gr.nodes}
+    for gr in [g for g in groups if g.pattern == "qgemm" and len(g.nodes) > 1]:
+        tail = gr.nodes[1:]
+        made = {v for n in tail for v in n.outputs}
+        readers = {group_of[c] for c in order if c not in gr.nodes
+                   for v in c.inputs if v in made}
+        if len(readers) != 1:
+            continue
+        (into,) = readers
+        narrow = gr.nodes[0].outputs[0].dtype.itemsize
+        outs = {v for c in into.nodes for v in c.inputs if v in made}
+        if into.pattern not in ("qgemm", "elementwise") or \
+                any(v.dtype.itemsize <= narrow for v in outs):
+            continue
+        gr.nodes = gr.nodes[:1]
+        into.nodes = sorted(into.nodes + tail, key=order.__getitem__)
+        for n in tail:
+            group_of[n] = into
+            for v in n.outputs:
+                producer_group[v] = into
+
+
 def _can_merge(a: Group, b: Group, n: Node) -> bool:
     # two independent elementwise groups feeding one node become one (x*0.5 and erf(x/s2));
     # a contraction takes every movement-only group of its operands (K^T and V reshaped)
@@ -165,6 +219,14 @@ def _can_merge(a: Group, b: Group, n: Node) -> bool:
     if n.op.kind is Kind.CONTRACTION:
         return b.movement_only
     return b.pattern == "elementwise"
+
+
+def _private(gr: Group, n: Node, uses: Counter) -> bool:
+    """Is every value ``gr`` makes read only by ``gr`` itself and ``n``? Then merged into
+    ``n``'s group it adds no output (a residual's dequantization joining the int8 GEMM)."""
+    inside = (*gr.nodes, n)
+    return all(uses[v] == sum(1 for c in inside for i in c.inputs if i is v)
+               for m in gr.nodes for v in m.outputs)
 
 
 def _merge(into: Group, other: Group, groups: list[Group], producer_group: dict,
@@ -202,7 +264,7 @@ def _toposort(groups: list[Group], producer_group: dict, sym_deps: dict) -> list
 
 
 def fuse(g: Graph, target=None) -> Graph:
-    groups = partition(g)
+    groups = partition(g, int8_epilogues=getattr(target, "kind", "cpu") == "gpu")
     users: dict[Value, set] = {}
     group_of = {n: gr for gr in groups for n in gr.nodes}
     for n in g.nodes:
@@ -212,7 +274,7 @@ def fuse(g: Graph, target=None) -> Graph:
     graph_outputs = set(g.outputs)
     nodes = []
     for gr in groups:
-        if len(gr.nodes) == 1 and (not _fusible(gr.nodes[0]) or gr.pattern == "opaque"):
+        if len(gr.nodes) == 1 and (not _fusible(gr.nodes[0]) or gr.pattern in ("opaque", "qgemm")):
             nodes.append(gr.nodes[0])
             continue
         nodes.append(_make_fused(gr, users, graph_outputs))

@@ -13,7 +13,9 @@ constants) until this pass has looked at them. The rules, tried to a fixpoint:
 3. ``Q(Q*(...)_float)`` -> the same contraction writing uint8 / int8 (``mult / sy``, ``+ zp``,
    saturated): the requantization runs in the kernel's epilogue;
 4. ``Q(DQ(q, s, z) * 2^e, s * 2^e, z)`` -> ``q`` (exact: the product is, and the rounding
-   gives ``q`` back), as MinMax calibration writes around BERT's attention scaling.
+   gives ``q`` back), as MinMax calibration writes around BERT's attention scaling; likewise
+   ``Q(DQ(q, s, z), s, z)`` -> ``q``;
+5. ``MaxPool(DQ(q))`` -> ``DQ(MaxPool(q))`` (DQ is increasing): the pool reads bytes.
 
 Before: ``%y = Cast(Min(Max(Add(Round(Div(Conv(Mul(Sub(Cast(%xq), 128), 0.02), %w_f32), 0.1),
 3), 0), 255), uint8)``. After: ``%y = QConv(%xq, %wq, %w_zp, %bias, %mult, %offset)`` with
@@ -281,8 +283,40 @@ def rescale_identity(node: Node, rw: Rewriter) -> Value | None:
     return q
 
 
+def requantize_identity(node: Node, rw: Rewriter) -> Value | None:
+    # Q(DQ(q, s, z), s, z) -> q (the product and the quotient round within 2^-23 of q - z)
+    quant = _quantize(node, rw)
+    if quant is None:
+        return None
+    y, sy, zy, _ = quant
+    d = _dequantized(rw, y)
+    if d is None or d[0].dtype is not node.outputs[0].dtype or d[1].size != 1 or \
+            d[2].size != 1 or float(d[1].reshape(())) != zy or \
+            np.float32(d[2].reshape(())) != np.float32(sy):
+        return None
+    return d[0]
+
+
+def max_pool(node: Node, rw: Rewriter) -> Value | None:
+    # MaxPool(DQ(q)) -> DQ(MaxPool(q)): a per-tensor DQ with a positive scale is increasing,
+    # so the pool runs on the bytes (and a Q after it cancels: requantize_identity)
+    if node.attrs["mode"] != "max" or node.attrs["indices"]:
+        return None
+    d = _activation(rw, node.inputs[0])
+    if d is None or not d[2] > 0:
+        return None
+    xq, zp, s = d
+    pooled = rw.emit("Pool", [xq], node.name, **node.attrs)
+    v = rw.emit("Cast", [pooled], node.name + "_dq", to=DType.float32)
+    if zp:
+        v = rw.emit("Sub", [v, rw.new_const(np.float32(zp), node.name + "_zp", v)],
+                    node.name + "_dq")
+    return rw.emit("Mul", [v, rw.new_const(np.float32(s), node.name + "_s", v)],
+                   node.name + "_dq")
+
+
 RULES = [("MatMul", contraction), ("Conv", contraction), ("Add", add_bias), ("Cast", requantize),
-         ("Cast", rescale_identity)]
+         ("Cast", rescale_identity), ("Cast", requantize_identity), ("Pool", max_pool)]
 
 
 def fold_qdq(g: Graph, target=None) -> Graph:
