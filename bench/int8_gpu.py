@@ -15,6 +15,7 @@ one markdown row per model.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -41,9 +42,8 @@ def replay_ms(mods: list, runs: int, blocks: int = 3) -> list[float]:
     times: list[list[float]] = [[] for _ in mods]
     for _ in range(blocks):
         for k, mod in enumerate(mods):
-            dev, graph = mod.device, mod._graph
-            replay = (lambda d, g: lambda: d.replay(g))(dev, graph)
-            times[k].append(EventTimer(dev).time_ms(replay, runs, 3, flush=True))
+            times[k].append(EventTimer(mod.device).time_ms(functools.partial(
+                mod.device.replay, mod._graph), runs, 3, flush=True))
     return [statistics.median(t) for t in times]
 
 

@@ -73,7 +73,7 @@ def test_float_output_and_weight_zero_points(tmp_path):
     w = RNG.standard_normal((70, 24)).astype(np.float32) * 0.2
     model, x, _ = qdq_model("MatMul", (9, 70), w, act=np.int8, out_q=False, bias=False,
                             w_zp_nonzero=True)
-    ours, art = _run(model, {"x": x}, tmp_path)
+    ours, _ = _run(model, {"x": x}, tmp_path)
     ref = _ort(model, x, EXACT)
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 

@@ -19,7 +19,6 @@ Before: ``Conv -> Mul -> Add -> Relu``  After: ``Fused[contraction](Conv, Mul, A
 from __future__ import annotations
 
 from collections import Counter
-
 from dataclasses import dataclass, field
 
 from ..graph import Graph, Node, Value, symbol_deps
