@@ -258,6 +258,15 @@ def _fused_store(sr, st: QGemmStage, c: Stage) -> None:
     em.emit(f"tl.store({out.param} + ({off}), {em.store_value(value, out.dtype)}, mask=omask)")
 
 
+def _load_a(em, s: QGemmSpec, ptr: str, mask: str) -> None:
+    """The activation tile; outside the input it reads the zero point. The load itself fills
+    zeros (a plain masked copy, which Triton pipelines asynchronously) and a select puts the
+    zero point in."""
+    em.emit(f"a = tl.load({ptr}, mask={mask}, other=0)")
+    if s.x_zp:
+        em.emit(f"a = tl.where({mask}, a, {s.x_zp})")
+
+
 def _inside(s: QGemmSpec, iy: str, ix: str) -> str:
     return f"({iy} >= 0) & ({iy} < {s.ih}) & ({ix} >= 0) & ({ix} < {s.iw})"
 
@@ -279,8 +288,8 @@ def _tap_loop(em, s: QGemmSpec, p: dict, kp: int) -> None:
         em.emit("ix = ix0")
         em.emit("ok = mrow")
         em.emit("ch = kc")
-    em.emit(f"a = tl.load({p['x']} + (xrow + iy * {xs[1]} + ix * {xs[2]})[:, None] + "
-            f"ch[None, :] * {xs[3]}, mask=ok[:, None], other={s.x_zp})")
+    _load_a(em, s, f"{p['x']} + (xrow + iy * {xs[1]} + ix * {xs[2]})[:, None] + "
+            f"ch[None, :] * {xs[3]}", "ok[:, None]")
     em.emit(f"b = tl.load({p['w']} + nj[None, :] * {kp} + kc[:, None])")
 
 
@@ -296,8 +305,8 @@ def _row_loop(em, s: QGemmSpec, p: dict, kp: int) -> None:
     em.emit("ix = ix0[:, None] + jx[None, :]")
     em.emit(f"ok = (mrow & (iy >= 0) & (iy < {s.ih}))[:, None] & jin[None, :] & (ix >= 0) & "
             f"(ix < {s.iw})")
-    em.emit(f"a = tl.load({p['x']} + (xrow + iy * {s.x_strides[1]} + ix0 * {s.c})[:, None] + "
-            f"j[None, :], mask=ok, other={s.x_zp})")
+    _load_a(em, s, f"{p['x']} + (xrow + iy * {s.x_strides[1]} + ix0 * {s.c})[:, None] + "
+            f"j[None, :]", "ok")
     em.emit(f"b = tl.load({p['w']} + nj[None, :] * {kp} + (ky * {span} + j)[:, None], "
             f"mask=jin[:, None], other=0)")
 
@@ -312,6 +321,6 @@ def _generic_loop(em, s: QGemmSpec, p: dict, kp: int) -> None:
     em.emit(f"iy = iy0[:, None] + (tap // {s.kw} * {s.dilation[0]})[None, :]")
     em.emit(f"ix = ix0[:, None] + (tap % {s.kw} * {s.dilation[1]})[None, :]")
     em.emit(f"ok = mrow[:, None] & (kk < {s.k})[None, :] & {_inside(s, 'iy', 'ix')}")
-    em.emit(f"a = tl.load({p['x']} + xrow[:, None] + iy * {xs[1]} + ix * {xs[2]} + "
-            f"cc[None, :] * {xs[3]}, mask=ok, other={s.x_zp})")
+    _load_a(em, s, f"{p['x']} + xrow[:, None] + iy * {xs[1]} + ix * {xs[2]} + "
+            f"cc[None, :] * {xs[3]}", "ok")
     em.emit(f"b = tl.load({p['w']} + nj[None, :] * {kp} + kk[:, None])")
