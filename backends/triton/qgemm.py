@@ -259,12 +259,9 @@ def _fused_store(sr, st: QGemmStage, c: Stage) -> None:
 
 
 def _load_a(em, s: QGemmSpec, ptr: str, mask: str) -> None:
-    """The activation tile; outside the input it reads the zero point. The load itself fills
-    zeros (a plain masked copy, which Triton pipelines asynchronously) and a select puts the
-    zero point in."""
-    em.emit(f"a = tl.load({ptr}, mask={mask}, other=0)")
-    if s.x_zp:
-        em.emit(f"a = tl.where({mask}, a, {s.x_zp})")
+    """The activation tile; outside the input it reads the zero point. (Loading zeros and
+    selecting the zero point in after made ResNet-50's stem 2.2x slower on an H100.)"""
+    em.emit(f"a = tl.load({ptr}, mask={mask}, other={s.x_zp})")
 
 
 def _inside(s: QGemmSpec, iy: str, ix: str) -> str:
