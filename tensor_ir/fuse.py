@@ -12,6 +12,7 @@ from ..graph_ir.graph import Node, Value
 from .expr import Load, Reduce, Select, Var, substitute, transform, walk
 from .kernel import Buffer, Kernel, Stage
 from .lower import lower_node
+from .qgemm import QGemmStage
 
 
 def lower_fused(node: Node, name: str, constants: dict[Value, np.ndarray]) -> Kernel:
@@ -60,9 +61,12 @@ def _rename_stage(s: Stage, bufs: dict[str, str], prefix: str) -> Stage:
         return None
     new_vars = tuple(Var(prefix + v.name) for v in s.vars)
     index = None if s.store_index is None else tuple(transform(i, fn) for i in s.store_index)
-    # (dataclasses.replace keeps a templated stage's class and spec: an int8 GEMM's)
+    # (dataclasses.replace keeps a templated stage's class and spec: an int8 GEMM's, whose
+    # buffers it names are renamed too)
+    named = {} if not isinstance(s, QGemmStage) else {
+        "x": bufs.get(s.x, s.x), "weights": tuple(bufs.get(w, w) for w in s.weights)}
     return dataclasses.replace(s, out=bufs.get(s.out, s.out), vars=new_vars,
-                               body=transform(s.body, fn), store_index=index)
+                               body=transform(s.body, fn), store_index=index, **named)
 
 
 def _loads_of(stages, buf: str):

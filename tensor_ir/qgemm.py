@@ -46,6 +46,7 @@ class QGemmSpec:
 class QGemmStage(Stage):
     spec: QGemmSpec | None = None
     weights: tuple[str, ...] = ()  # the kernel's constant inputs: w, w_zp, bias, mult, offset
+    x: str = ""  # the activations' buffer
 
     @property
     def flops(self) -> int:

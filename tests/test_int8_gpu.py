@@ -135,6 +135,36 @@ def test_residual_block_adds_in_the_gemm_epilogue(c, tmp_path):
     _within_a_step(ours, run_ort(path, {"x": x})[0], _output_step(path), share=0.02)
 
 
+def test_quantized_encoder_runs_the_integers_of_the_qdq_graph(tmp_path):
+    """A tiny BERT quantized by quantize_static (8-bit weights): its weight MatMuls run as int8
+    GEMMs with the bias and the dequantization in their epilogues (fused kernels whose inputs
+    are deduplicated: a weight zero point and an integer bias, both zeros, are one constant);
+    deploy's output is ONNX Runtime's unfused execution of the QDQ graph, exactly."""
+    quant = pytest.importorskip("onnxruntime.quantization")
+    from deploy.bench.models import input_specs, model_path, random_inputs
+    fp32 = model_path("bert_base", batch=2, tiny=True)
+    specs = input_specs(fp32)
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([random_inputs(specs, np.random.default_rng(i)) for i in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    path = str(tmp_path / "q.onnx")
+    quant.quantize_static(str(fp32), path, Reader(), quant_format=quant.QuantFormat.QDQ,
+                          per_channel=True, activation_type=quant.QuantType.QUInt8,
+                          weight_type=quant.QuantType.QInt8)
+    feed = random_inputs(specs, np.random.default_rng(7))
+    ours, art = _run(path, feed, tmp_path)
+    assert sum("qgemm: QMatMul" in n for n in _qgemm_kernels(art)) >= 6, _qgemm_kernels(art)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = EXACT
+    ref = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
 def test_h100_ptx_runs_int8_wgmma():
     w = RNG.standard_normal(WIDE_CONVS["3x3_c64"][2]).astype(np.float32) * 0.2
     model, _, _ = qdq_model("Conv", (4, 64, 16, 16), w, conv=WIDE_CONVS["3x3_c64"][0])

@@ -72,25 +72,28 @@ def pack(spec: QGemmSpec, w, w_zp, bias, mult, offset) -> dict[str, np.ndarray]:
 
 
 def pack_kernel(k: Kernel, step: dict, plan) -> Kernel:
-    """Replace a QGemm kernel's constant inputs (w, w_zp, bias, mult, offset: the kernel's
-    inputs 1-5, its QConv / QMatMul being the first node) by their packed forms (``pack``);
-    the packed arrays join the plan's constants, an epilogue's inputs follow them."""
+    """Replace a QGemm kernel's constant inputs (w, w_zp, bias, mult, offset, found by name:
+    a fused kernel's inputs are deduplicated) by their packed forms (``pack``); the packed
+    arrays join the plan's constants. Inputs that other stages read stay."""
     at = next((i for i, s in enumerate(k.stages) if isinstance(s, QGemmStage)), None)
     if at is None or k.stages[at].spec.path:
         return k
     st = k.stages[at]
-    arrays = [plan.constants[vid] for vid in step["inputs"][1:6]]
+    position = {b.name: i for i, b in enumerate(k.inputs)}
+    arrays = [plan.constants[step["inputs"][position[name]]] for name in st.weights]
     packed = pack(st.spec, *arrays)
-    inputs, vids = [k.inputs[0]], [step["inputs"][0]]
+    read = {x.buf for t in k.stages if t is not st for x in walk(t.body) if isinstance(x, Load)}
+    keep = [i for i, b in enumerate(k.inputs) if b.name not in st.weights or b.name in read]
+    inputs, vids = [k.inputs[i] for i in keep], [step["inputs"][i] for i in keep]
     for key, arr in packed.items():
         buf = Buffer(f"q{key}", tuple(arr.shape), DType.from_np(arr.dtype))
         inputs.append(buf)
         vids.append(plan.new_constant(arr, buf))
-    step["inputs"] = vids + step["inputs"][6:]
+    step["inputs"] = vids
     spec = dataclasses.replace(st.spec, path=PATH)
     stages = list(k.stages)
     stages[at] = dataclasses.replace(st, spec=spec, weights=tuple(packed))
-    return dataclasses.replace(k, inputs=inputs + k.inputs[6:], stages=stages)
+    return dataclasses.replace(k, inputs=inputs, stages=stages)
 
 
 TILES = ((128, 256), (128, 128), (64, 256), (64, 128), (128, 64), (64, 64), (64, 32))
@@ -182,7 +185,7 @@ def render_qgemm(sr, st: QGemmStage, epilogue: Stage | None = None):
     # the generic loop's index blocks are [BM, BK] each: 32 keeps them in registers
     cfg = dataclasses.replace(cfg, bk=tap_bk or row_bk or KP_UNIT)
     em = sr.em
-    p = {name: em.param("in0" if name == "x" else f"q{name}").param
+    p = {name: em.param(st.x if name == "x" else f"q{name}").param
          for name in ("x", *st.weights)}
     out = None if epilogue else em.param(st.out).param
     pm, pn = cdiv(s.m, cfg.bm), cdiv(s.n, cfg.bn)
