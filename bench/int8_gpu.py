@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from .int8 import _rel_l2, _top1, qdq_path
+from .int8 import _rel_l2, _top1, int8_kernel_count, qdq_path
 
 HEADER = ("| model | batch | int8 kernels | compile s (int8 / fp16) | int8 ms | fp16 ms | "
           "int8 / fp16 | rel L2 vs ORT int8 | top-1 agreement | rel L2 int8 vs fp32 | "
@@ -72,7 +72,7 @@ def bench_model(name: str, batch: int, target: str, runs: int, calib: int, sampl
         for _ in range(3):
             m.run(feeds[0])
     t8, t16 = replay_ms(mods, runs)
-    kernels = sum(1 for s in art8.manifest["steps"] if s.get("op") in ("QMatMul", "QConv"))
+    kernels = int8_kernel_count(art8)
     cells = [name, str(batch), str(kernels), f"{s8:.1f} / {s16:.1f}", f"{t8:.3f}",
              f"{t16:.3f}", f"{t8 / t16:.2f}", f"{_rel_l2(outs[0], want8):.2e}",
              f"{_top1(outs[0], want8):.1%}", f"{_rel_l2(outs[0], want32):.2e}",

@@ -62,8 +62,8 @@ def _fold(kernel: Kernel, k: int) -> Kernel | None:
     x = _base(kernel, s1.out)
     reads = [ld for ld in walk(s2.body) if isinstance(ld, Load) and _base(kernel, ld.buf) == x]
     out2 = kernel.buffer(s2.out)
-    own = _flat(s2.vars, out2.shape, s2)
-    if not reads or own is None or any(_flat(ld.index, kernel.buffer(ld.buf).shape, s2) != own
+    own = flat_offset(s2.vars, out2.shape, s2)
+    if not reads or own is None or any(flat_offset(ld.index, kernel.buffer(ld.buf).shape, s2) != own
                                        for ld in reads):
         return None
     y = _base(kernel, s2.out)
@@ -93,7 +93,7 @@ def _reindex_same_point(kernel: Kernel, s2: Stage, own, shape1, vars1, reads):
     swaps = {}
     for e in walk(s2.body):
         if isinstance(e, Load) and e not in reads and e not in swaps \
-                and _flat(e.index, kernel.buffer(e.buf).shape, s2) == own:
+                and flat_offset(e.index, kernel.buffer(e.buf).shape, s2) == own:
             kernel, name = _view(kernel, e.buf, shape1)
             swaps[e] = Load(name, tuple(vars1), e.dtype)
     body = transform(s2.body, lambda e: _ACC if isinstance(e, Load) and e in reads
@@ -101,7 +101,7 @@ def _reindex_same_point(kernel: Kernel, s2: Stage, own, shape1, vars1, reads):
     return kernel, body
 
 
-def _flat(index, shape, s: Stage):
+def flat_offset(index, shape, s: Stage):
     """The flat row-major offset of ``index`` into ``shape`` as (coefficient per variable of
     ``s`` that has extent > 1, constant), or None when it is not affine in them."""
     if len(index) != len(shape):
@@ -153,9 +153,9 @@ def _read_elsewhere(kernel: Kernel, base: str, allowed: set[int]) -> bool:
 
 def _reads_other_points(kernel: Kernel, s: Stage, base: str) -> bool:
     """Whether ``s`` reads its own output buffer anywhere but at the point it writes."""
-    own = _flat(s.vars, kernel.buffer(s.out).shape, s)
+    own = flat_offset(s.vars, kernel.buffer(s.out).shape, s)
     return any(isinstance(e, Load) and _base(kernel, e.buf) == base
-               and (own is None or _flat(e.index, kernel.buffer(e.buf).shape, s) != own)
+               and (own is None or flat_offset(e.index, kernel.buffer(e.buf).shape, s) != own)
                for e in walk(s.body))
 
 

@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from ...graph_ir.types import DType
+from ...tensor_ir.epilogue import flat_offset
 from ...tensor_ir.expr import Load, Reduce, Var, transform, walk
 from ...tensor_ir.kernel import Buffer, Kernel, Stage
 from ...tensor_ir.qgemm import QGemmSpec, QGemmStage, weight_matrix
@@ -150,19 +151,25 @@ def _row_bk(spec: QGemmSpec, zw: bool) -> int:
 
 def qgemm_epilogue(k: Kernel, at: int) -> Stage | None:
     """The stage after int8 GEMM ``k.stages[at]`` when it is that GEMM's elementwise epilogue:
-    it alone reads the GEMM's output (a temporary), only at its own point, over the same
-    points (rows, then channels last); else None."""
+    it alone reads the GEMM's output (a temporary, rows of contiguous channels), only at its
+    own flat point (its domain may reshape the GEMM's: a transformer's heads split off the
+    channels), over as many points; else None."""
     if at + 1 >= len(k.stages) or not isinstance(k.stages[at], QGemmStage):
         return None
     st, c = k.stages[at], k.stages[at + 1]
     s = st.spec
     temps = {t.name for t in k.temps}
-    if type(c) is not Stage or c.store_index is not None or st.out not in temps or \
-            s.out_strides != (s.oh * s.ow * s.n, s.n, 1) or c.extents[-1] != s.n or \
-            math.prod(c.extents[:-1]) != s.m or c.out == st.out:
+    rows = s.out_strides[0] == s.oh * s.ow * s.n and s.out_strides[2] == 1 and (
+        s.out_strides[1] == s.n or s.oh * s.ow == 1)  # (a MatMul's pixel stride is 0)
+    if type(c) is not Stage or c.store_index is not None or st.out not in temps or not rows or \
+            math.prod(c.extents) != s.m * s.n or c.out == st.out:
         return None
+    if any(isinstance(x, Reduce) for x in walk(c.body)):
+        return None
+    own = flat_offset(c.vars, c.extents, c)
+    shape = k.buffer(st.out).shape
     loads = [x for x in walk(c.body) if isinstance(x, Load) and x.buf == st.out]
-    if any(x.index != c.vars for x in loads) or any(isinstance(x, Reduce) for x in walk(c.body)):
+    if own is None or any(flat_offset(x.index, shape, c) != own for x in loads):
         return None
     later = [x for t in k.stages[at + 2:] for x in walk(t.body)
              if isinstance(x, Load) and x.buf == st.out]
@@ -257,8 +264,12 @@ def _fused_store(sr, st: QGemmStage, c: Stage) -> None:
     em.emit("mcol = mi[:, None]")
     em.emit("ncol = nj[None, :]")
     em.emit(f"omask = mrow[:, None] & (nj < {st.spec.n})[None, :]")
-    em.decompose("mcol", c.vars[:-1], c.extents[:-1])
-    em.decompose("ncol", c.vars[-1:], c.extents[-1:])
+    if c.extents[-1] == st.spec.n:  # rows and channels as the GEMM's
+        em.decompose("mcol", c.vars[:-1], c.extents[:-1])
+        em.decompose("ncol", c.vars[-1:], c.extents[-1:])
+    else:  # another shape over the same points
+        em.emit(f"flat = mcol * {st.spec.n} + ncol")
+        em.decompose("flat", c.vars, c.extents)
     qv = Var("_qv", DType[st.spec.out])
     em.env[qv] = "v"
     body = transform(c.body, lambda e: qv if isinstance(e, Load) and e.buf == st.out else None)

@@ -26,6 +26,7 @@ from ...tensor_ir.expr import (
     B,
     Binary,
     Cast,
+    Const,
     Expr,
     Load,
     R,
@@ -512,6 +513,29 @@ def _half_of(e: Expr) -> DType | None:
     return None
 
 
+def _operand(e: Expr) -> bool:
+    """A GEMM operand: a (cast, zero-padded) load, or elementwise math on one load and
+    constants that goes through 8 bits (a QDQ model's activation x activation MatMul:
+    ``(float(q) - zp) * s``, or a fake-quantized ``DQ(Q(p))``), which the tile computes as it
+    loads."""
+    if operand_ok(e):
+        return True
+    nodes = _outside_loads(e)
+    loads = [x for x in nodes if isinstance(x, Load)]
+    eight = (DType.uint8, DType.int8)
+    quantized = any(x.dtype in eight for x in loads) or any(
+        isinstance(x, Cast) and x.dtype in eight for x in nodes)
+    return len(loads) == 1 and quantized and all(
+        isinstance(x, (Load, Const, Cast, Unary, Binary)) for x in nodes)
+
+
+def _outside_loads(e: Expr) -> list[Expr]:
+    """``e``'s nodes, not descending into the index expressions of its loads."""
+    if isinstance(e, Load):
+        return [e]
+    return [e] + [x for c in children(e) for x in _outside_loads(c)]
+
+
 def contraction_of(st: Stage) -> Contraction | None:
     """out[..] = epi(sum_r a * b) with one distinct float SUM, a and b plain (masked) loads, and
     output variables that only ``a`` and only ``b`` read; else None."""
@@ -523,7 +547,7 @@ def contraction_of(st: Stage) -> Contraction | None:
             not isinstance(red.body, Binary) or red.body.op is not B.MUL:
         return None
     x, y = red.body.a, red.body.b
-    if not (operand_ok(x) and operand_ok(y)):
+    if not (_operand(x) and _operand(y)):
         return None
     vx = {v for v in walk(x) if isinstance(v, Var)}
     vy = {v for v in walk(y) if isinstance(v, Var)}
