@@ -13,8 +13,8 @@ from .kernel import Kernel
 
 def inline_scalars(kernel: Kernel, constants: dict[str, np.ndarray]) -> Kernel:
     """Replace loads of one-element constant inputs (``constants``: input name -> value)."""
-    scalars = {name: arr.reshape(-1)[0].item() for name, arr in constants.items()
-               if arr.size == 1 and arr.dtype.kind in "fiub"}
+    scalars = {name: _scalar(arr) for name, arr in constants.items()
+               if arr.size == 1 and (arr.dtype.kind in "fiub" or arr.dtype.name == "bfloat16")}
     if not scalars:
         return kernel
 
@@ -28,3 +28,10 @@ def inline_scalars(kernel: Kernel, constants: dict[str, np.ndarray]) -> Kernel:
                                   tuple(transform(i, fn) for i in st.store_index))
               for st in kernel.stages]
     return dataclasses.replace(kernel, stages=stages)
+
+
+def _scalar(arr: np.ndarray):
+    """The one value of ``arr`` as a Python number (ml_dtypes' bfloat16, numpy kind 'V', as a
+    float: a ReLU6 bound under ``--dtype bf16`` loaded per element kept a C loop scalar)."""
+    value = arr.reshape(-1)[0]
+    return float(value) if arr.dtype.name == "bfloat16" else value.item()

@@ -12,7 +12,8 @@ import dataclasses
 
 import numpy as np
 
-from .expr import B, Load, Var, binary, transform, walk
+from ..graph_ir.types import DType
+from .expr import B, Cast, Load, Var, binary, transform, walk
 from .kernel import Buffer, Kernel
 from .schedule import StageSchedule
 
@@ -22,8 +23,14 @@ class Packing:
     source: str  # kernel input buffer holding the constant weight
     packed: Buffer  # the new kernel input
     nr: int
+    widen: DType | None = None  # fp16 / bf16 weights packed as float32 (exact)
 
     def pack(self, w: np.ndarray) -> np.ndarray:
+        if self.widen is DType.bfloat16:  # its bits are the upper half of a float32's
+            bits = np.ascontiguousarray(w).view(np.uint16)
+            w = (bits.astype(np.uint32) << 16).view(np.float32)
+        elif self.widen is not None:
+            w = np.asarray(w).astype(np.float32)
         n = w.shape[-1]
         nb = -(-n // self.nr)
         padded = np.zeros(w.shape[:-1] + (nb * self.nr,), w.dtype)
@@ -40,26 +47,39 @@ def pack_weights(kernel: Kernel, schedules: list[StageSchedule],
     inputs = list(kernel.inputs)
     for k, (stage, sched) in enumerate(zip(kernel.stages, schedules)):
         g = sched.gemm
-        if g is None or not isinstance(g.b, Load) or g.b.buf not in constant_inputs:
+        b, widen = _weight_load(g.b) if g is not None else (None, None)
+        if b is None or b.buf not in constant_inputs:
             continue
         j = stage.vars[g.j]
-        b = g.b
         if b.index[-1] != j or any(j in set(walk(i)) for i in b.index[:-1]) \
                 or j in set(walk(g.a)):  # depthwise: b is one short contiguous row per tap
             continue
         src = kernel.buffer(b.buf)
         nb = -(-src.shape[-1] // g.nr)
-        packed = Buffer(f"{b.buf}_p{g.nr}", (nb,) + src.shape[:-1] + (g.nr,), src.dtype)
+        dtype = DType.float32 if widen else src.dtype
+        packed = Buffer(f"{b.buf}_p{g.nr}", (nb,) + src.shape[:-1] + (g.nr,), dtype)
         new_load = Load(packed.name, (binary(B.FLOORDIV, j, g.nr),) + b.index[:-1]
-                        + (binary(B.MOD, j, g.nr),), b.dtype)
+                        + (binary(B.MOD, j, g.nr),), dtype)
         stages[k] = dataclasses.replace(
-            stage, body=transform(stage.body, lambda e, b=b, nl=new_load: nl if e == b else None))
+            stage, body=transform(stage.body, lambda e, o=g.b, nl=new_load: nl if e == o else None))
         if all(p.packed.name != packed.name for p in packings):
-            packings.append(Packing(b.buf, packed, g.nr))
+            packings.append(Packing(b.buf, packed, g.nr, widen))
             inputs.append(packed)
     if not packings:
         return kernel, []
     return dataclasses.replace(kernel, inputs=inputs, stages=stages), packings
+
+
+def _weight_load(b) -> tuple[Load | None, DType | None]:
+    """The load a tile's ``b`` operand reads, and the narrow type to widen it from: a float32
+    load as it is, or an fp16 / bf16 one cast to float32 (``--dtype`` on a CPU target: the
+    panels hold its values exactly, so no tile converts them again)."""
+    if isinstance(b, Load):
+        return b, None
+    if isinstance(b, Cast) and b.dtype is DType.float32 and isinstance(b.x, Load) and \
+            b.x.dtype in (DType.float16, DType.bfloat16):
+        return b.x, b.x.dtype
+    return None, None
 
 
 def tile_index(e, nr: int):

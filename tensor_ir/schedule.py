@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..graph_ir.sym import Sym, hint
+from ..graph_ir.types import DType
 from .attention import AttentionStage
 from .expr import (
     B,
@@ -194,22 +195,27 @@ def rule_contraction(stage: Stage) -> StageSchedule | None:
     return StageSchedule(parallel=parallel, reduce_outer=outer)
 
 
-def single_sum(stage: Stage) -> Reduce | None:
+def single_sum(stage: Stage, narrow_out: bool = False) -> Reduce | None:
     """The stage's one float SUM reduction (its epilogue is the rest of the body), or None."""
-    red = single_reduce(stage)
+    red = single_reduce(stage, narrow_out)
     return red if red is not None and red.op is R.SUM else None
 
 
-def single_reduce(stage: Stage) -> Reduce | None:
+NARROW_OUT = (DType.float16, DType.bfloat16)
+
+
+def single_reduce(stage: Stage, narrow_out: bool = False) -> Reduce | None:
     """The stage's one float SUM, MAX or MIN reduction (its epilogue is the rest of the
-    body), computed in the output's dtype, or None."""
+    body), computed in the output's dtype (``narrow_out``: or rounded to fp16 / bf16 by the
+    epilogue, for schedules that keep the sums in registers), or None."""
     reds = {x for x in walk(stage.body) if isinstance(x, Reduce)}  # an epilogue may use it twice
     if len(reds) != 1:
         return None
     red = next(iter(reds))
+    out_ok = stage.body.dtype is red.dtype or (
+        narrow_out and red.dtype is DType.float32 and stage.body.dtype in NARROW_OUT)
     ok = (red.op in (R.SUM, R.MAX, R.MIN) and red.dtype.is_float
-          and red.dtype.c_type in ("float", "double")
-          and stage.body.dtype is red.dtype and stage.store_index is None)
+          and red.dtype.c_type in ("float", "double") and out_ok and stage.store_index is None)
     return red if ok else None
 
 
@@ -291,8 +297,9 @@ GEMM_SPACE = {level: gemm_space(level) for level in ("quick", "full")}  # AVX-51
 
 
 def rule_gemm_tile(stage: Stage, mr: int = MR, nr: int = NR) -> StageSchedule | None:
-    # out[.., i, .., j] = epi(sum_r a(i, r) * b(j, r)) -> a register tile over (i, j)
-    red = single_sum(stage)
+    # out[.., i, .., j] = epi(sum_r a(i, r) * b(j, r)) -> a register tile over (i, j); the
+    # epilogue may round to fp16 / bf16 as it stores (--dtype on a CPU target)
+    red = single_sum(stage, narrow_out=True)
     if red is None or red.dtype.c_type != "float" or not isinstance(red.body, Binary) \
             or red.body.op is not B.MUL:
         return None
@@ -353,14 +360,15 @@ def _channel_tile(stage: Stage, x: Expr, y: Expr, mr: int, nr: int) -> StageSche
         return None  # a scalar output (1-D . 1-D) has no channel axis
     j = len(stage.vars) - 1
     vj = stage.vars[j]
-    for a, b in ((x, y), (y, x)):
+    for a, b in ((_widened_select(x), y), (_widened_select(y), x)):
         b_vars = _vars_in(b) & set(stage.vars)
         # a zero-padded read, Select(inside, load, 0), is fine when the test is per row and tap
         row = a.a if isinstance(a, Select) and vj not in _vars_in(a.cond) \
             and isinstance(a.b, Const) and a.b.value == 0 else a
-        if b_vars != {vj} or not isinstance(row, Load) or row.dtype.c_type != "float":
+        row, wb = _float_row(row), _float_row(b)
+        if b_vars != {vj} or row is None or wb is None:
             continue
-        if not (_unit_stride(row, vj) and isinstance(b, Load) and _unit_stride(b, vj)):
+        if not (_unit_stride(row, vj) and _unit_stride(wb, vj)):
             continue
         rows = [k for k in range(j) if stage.vars[k] in _vars_in(a) and stage.extents[k] > 1]
         if not rows or stage.extents[j] < 16:
@@ -374,6 +382,25 @@ def _channel_tile(stage: Stage, x: Expr, y: Expr, mr: int, nr: int) -> StageSche
             parallel = _collapse(tuple(stage.extents[k] for k in outer), len(outer))
         return StageSchedule(parallel=parallel, gemm=GemmTile(i, j, mr, nr, a, b))
     return None
+
+
+def _widened_select(e: Expr) -> Expr:
+    """``Cast(Select(c, load, 0), float32)`` (a zero-padded fp16 / bf16 read) as
+    ``Select(c, Cast(load, float32), 0.0)``: the same values, the padding test outside."""
+    if isinstance(e, Cast) and e.dtype is DType.float32 and isinstance(e.x, Select) and \
+            isinstance(e.x.b, Const) and e.x.b.value == 0:
+        return Select(e.x.cond, Cast(e.x.a, DType.float32), Const(0.0, DType.float32),
+                      DType.float32)
+    return e
+
+
+def _float_row(e: Expr) -> Load | None:
+    """The load of a float32 row, or of a bfloat16 / float16 one cast to float32 (read as
+    widened vectors), else None."""
+    if isinstance(e, Cast) and e.dtype is DType.float32 and isinstance(e.x, Load) and \
+            e.x.dtype in NARROW_OUT:
+        return e.x
+    return e if isinstance(e, Load) and e.dtype.c_type == "float" else None
 
 
 DOT_MIN = 32  # innermost reduction extent from which a stage runs as vectorized dot products

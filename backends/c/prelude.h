@@ -17,14 +17,34 @@ float tanhf(float);
 #define DP_LIBMVEC 1
 #endif
 
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+/* float16 <-> float32 with F16C's instructions where the target has them (gcc otherwise
+   converts _Float16 through a libgcc call per value) */
+static inline float dp_f16_to_f32(_Float16 h) {
+#ifdef __F16C__
+    unsigned short u; memcpy(&u, &h, 2); return _cvtsh_ss(u);
+#else
+    return (float)h;
+#endif
+}
+static inline _Float16 dp_f32_to_f16(float f) {
+#ifdef __F16C__
+    unsigned short u = _cvtss_sh(f, 0); _Float16 h; memcpy(&h, &u, 2); return h;  /* nearest even */
+#else
+    return (_Float16)f;
+#endif
+}
 static inline float dp_bf16_to_f32(uint16_t b) {
     uint32_t u = ((uint32_t)b) << 16; float f; memcpy(&f, &u, 4); return f;
 }
 static inline uint16_t dp_f32_to_bf16(float f) {
+    /* branch-free (a select), so loops of conversions vectorize */
     uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even */
-    return (uint16_t)(u >> 16);
+    uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even */
+    r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : r;  /* NaN: quiet, kept */
+    return (uint16_t)(r >> 16);
 }
 /* Narrow floats (one per byte, raw bits): eb exponent bits, mb mantissa bits, bias, and how the
    top of the range reads. DP_IEEE: all-ones exponent is inf/NaN (float8e5m2); DP_FN: only
@@ -112,6 +132,39 @@ static inline void dp_store8(float* p, dp_f32x8 v) { memcpy(p, &v, 32); }
 typedef float dp_f32x16 __attribute__((vector_size(64)));
 static inline dp_f32x16 dp_load16(const float* p) { dp_f32x16 v; memcpy(&v, p, 64); return v; }
 static inline void dp_store16(float* p, dp_f32x16 v) { memcpy(p, &v, 64); }
+/* bfloat16 / float16 rows widened to float vectors (--dtype on CPU targets: a shift, or F16C) */
+typedef uint16_t dp_u16x8 __attribute__((vector_size(16)));
+typedef uint16_t dp_u16x16 __attribute__((vector_size(32)));
+typedef uint32_t dp_u32x8 __attribute__((vector_size(32)));
+typedef uint32_t dp_u32x16 __attribute__((vector_size(64)));
+typedef _Float16 dp_f16x8 __attribute__((vector_size(16)));
+typedef _Float16 dp_f16x16 __attribute__((vector_size(32)));
+/* (whole-vector conversions, no loops: kernels build without gcc's early complete unrolling) */
+static inline dp_f32x8 dp_load8_bf16(const uint16_t* p) {
+  dp_u16x8 h; memcpy(&h, p, 16); dp_u32x8 w = __builtin_convertvector(h, dp_u32x8) << 16;
+  dp_f32x8 v; memcpy(&v, &w, 32); return v;
+}
+static inline dp_f32x16 dp_load16_bf16(const uint16_t* p) {
+  dp_u16x16 h; memcpy(&h, p, 32); dp_u32x16 w = __builtin_convertvector(h, dp_u32x16) << 16;
+  dp_f32x16 v; memcpy(&v, &w, 64); return v;
+}
+#ifdef __F16C__
+static inline dp_f32x8 dp_load8_f16(const _Float16* p) {  /* vcvtph2ps */
+  __m128i h; memcpy(&h, p, 16); __m256 f = _mm256_cvtph_ps(h); dp_f32x8 v; memcpy(&v, &f, 32);
+  return v;
+}
+static inline dp_f32x16 dp_load16_f16(const _Float16* p) {
+  dp_f32x8 lo = dp_load8_f16(p), hi = dp_load8_f16(p + 8); dp_f32x16 v;
+  memcpy(&v, &lo, 32); memcpy((char*)&v + 32, &hi, 32); return v;
+}
+#else
+static inline dp_f32x8 dp_load8_f16(const _Float16* p) {
+  dp_f16x8 h; memcpy(&h, p, 16); return __builtin_convertvector(h, dp_f32x8);
+}
+static inline dp_f32x16 dp_load16_f16(const _Float16* p) {
+  dp_f16x16 h; memcpy(&h, p, 32); return __builtin_convertvector(h, dp_f32x16);
+}
+#endif
 /* Kernel temporaries live in one buffer per calling thread, grown to the largest kernel's need
    and kept between calls: no allocation (or page faults) per run, and concurrent runs from other
    threads use their own. dp_local is a second such buffer for work inside a parallel region

@@ -262,7 +262,7 @@ class CRenderer:
         """Register-blocked contraction (see ``schedule.GemmTile``): full mr x nr tiles keep their
         accumulators in registers; leftover columns and rows take a per-point path."""
         g = sched.gemm
-        red = single_sum(st)
+        red = single_sum(st, narrow_out=True)
         vi, vj = st.vars[g.i], st.vars[g.j]
         ei, ej = st.extents[g.i], st.extents[g.j]
         ei_full = ei - ei % g.mr
@@ -448,7 +448,7 @@ class CRenderer:
         rvars = [v for v, _ in red.vars]
         depth = self._open_loops(lines, rvars, [n for _, n in red.vars], 0, ind)
         inner = ind + "  " * depth
-        base = self._contiguous_base(b, lines, inner)
+        base, wide = self._vector_base(b, lines, inner)
         if base is None:
             lines.append(f"{inner}float bv_[{nr}];")
             lines.append(f"{inner}for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")
@@ -457,16 +457,17 @@ class CRenderer:
             base = "bv_"
         for v in range(nv):
             lines.append(f"{inner}const dp_f32x{self.vl} b{v} = "
-                         f"dp_load{self.vl}({base} + {v * self.vl});")
+                         f"dp_load{self.vl}{wide}({base} + {v * self.vl});")
         lines += self._prefetch_next_panel(b, mr, lines, inner)
         row_vectors = Var("jj_") in set(walk(a))
         for i in range(mr):
             ai = substitute(a, {Var("ii_"): Const(i, DType.int64)})
             if row_vectors:  # zero padding (a Select) skips the row's update
                 guard = f"if ({self.expr(ai.cond, lines, inner)}) " if isinstance(ai, Select) else ""
-                av = self._contiguous_base(ai.a if guard else ai, lines, inner)
-                lines.append(f"{inner}{guard}{{ const float* a_ = {av}; " + " ".join(
-                    f"c{i}_{v} += dp_load{self.vl}(a_ + {v * self.vl}) * b{v};" for v in range(nv)) + " }")
+                av, aw = self._vector_base(ai.a if guard else ai, lines, inner)
+                lines.append(f"{inner}{guard}{{ const {WIDE_TYPE[aw]}* a_ = {av}; " + " ".join(
+                    f"c{i}_{v} += dp_load{self.vl}{aw}(a_ + {v * self.vl}) * b{v};"
+                    for v in range(nv)) + " }")
                 continue
             av = self.expr(ai, lines, inner)
             lines.append(f"{inner}{{ const float a_ = {av}; "
@@ -505,17 +506,30 @@ class CRenderer:
         return (isinstance(b, Load) and len(b.index) > 1 and isinstance(b.index[0], Binary)
                 and b.index[0].op is B.FLOORDIV and b.index[0].a == Var("jt_"))
 
-    def _contiguous_base(self, b: Expr, lines, ind) -> str | None:
+    def _vector_base(self, e: Expr, lines, ind) -> tuple[str | None, str]:
+        """``(&buf[...], suffix)`` of the tile's first element of ``e`` when it reads a buffer
+        contiguously along jj_: a float32 load (suffix ""), or a bfloat16 / float16 load cast
+        to float32 (``_bf16`` / ``_f16``: the ``dp_load`` that widens); else ``(None, "")``."""
+        if isinstance(e, Cast) and e.dtype is DType.float32 and isinstance(e.x, Load) and \
+                e.x.dtype in WIDE_SUFFIX:
+            base = self._contiguous_base(e.x, lines, ind, e.x.dtype)
+            return (base, WIDE_SUFFIX[e.x.dtype]) if base else (None, "")
+        return self._contiguous_base(e, lines, ind), ""
+
+    def _contiguous_base(self, b: Expr, lines, ind,
+                         dtype: DType = DType.float32) -> str | None:
         """``&buf[...]`` of the tile's first b element when b reads a float buffer contiguously
         along jj_ (unit coefficient in the last index, none elsewhere)."""
-        if not isinstance(b, Load) or self.buffers[b.buf].dtype is not DType.float32:
+        if not isinstance(b, Load) or self.buffers[b.buf].dtype is not dtype:
             return None
         jj = Var("jj_")
         if affine_coeff(b.index[-1], jj) != 1 or any(affine_coeff(i, jj) != 0
                                                       for i in b.index[:-1]):
             return None
         start = substitute(b, {jj: Const(0, DType.int64)})
-        return f"&{self.expr(start, lines, ind)}"
+        buf = self.buffers[start.buf]
+        index = [self._sub(i, lines, ind) for i in start.index]
+        return f"&{_ident(buf.name)}[{self.flat(buf, index)}]"
 
     # ---- loops --------------------------------------------------------------------------
     def _open_loops(self, lines, vars_, extents, parallel: int, ind: str, simd=False,
@@ -600,7 +614,7 @@ class CRenderer:
         if buf.dtype.is_narrow:  # the low bits of a 4- or 2-bit integer
             return _wrap(buf.dtype, raw)
         if buf.dtype is DType.float16:
-            return f"((float){raw})"
+            return f"dp_f16_to_f32({raw})"
         return raw
 
     @staticmethod
@@ -612,7 +626,7 @@ class CRenderer:
         if dtype.is_narrow:
             return f"((uint8_t)dp_wrap_u((int64_t)({value}), {dtype.bits}))"
         if dtype is DType.float16:
-            return f"(_Float16)({value})"
+            return f"dp_f32_to_f16({value})"
         if dtype is DType.bool:
             return f"(bool)({value})"
         return value
@@ -654,8 +668,10 @@ class CRenderer:
         ctype = compute_type(dst)
         if src.is_float and dst.is_int:
             return f"(({ctype})({x}))"
+        if dst is DType.float16 and src is DType.float64:
+            return f"((float)(_Float16)({x}))"  # (one rounding from double)
         if dst is DType.float16:
-            return f"((float)(_Float16)({x}))"  # round through half precision
+            return f"dp_f16_to_f32(dp_f32_to_f16({x}))"  # round through half precision
         if dst is DType.bfloat16:
             return f"dp_bf16_to_f32(dp_f32_to_bf16((float)({x})))"
         if dst in NARROW_FLOAT:  # round to the type, non-saturating (see prelude.h)
@@ -722,6 +738,10 @@ def _number(e: Expr) -> bool:
     """A constant that is a number (not NaN, not a symbol)."""
     return isinstance(e, Const) and not isinstance(e.value, Sym) and \
         not math.isnan(float(e.value))
+
+
+WIDE_SUFFIX = {DType.bfloat16: "_bf16", DType.float16: "_f16"}  # dp_load* that widen
+WIDE_TYPE = {"": "float", "_bf16": "uint16_t", "_f16": "_Float16"}
 
 
 def _literal(value, dtype: DType) -> str:
