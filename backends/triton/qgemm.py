@@ -9,11 +9,17 @@ Tensor cores multiply signed bytes, so uint8 activations are read as ``x' = x - 
 weights as ``w' = w - 128``, their zero points moving by the same 128 (``zx'``, ``zw'``); the
 zero-point terms that do not depend on the row fold into ``corr`` at compile time
 (``bias - zx' * colsum(w') + KP * zx' * zw'``). A convolution gathers its im2col rows on the
-fly from the NHWC (or NCHW) input: each K step reads one tap's run of channels when the
-channel count is a multiple of BK (no index division in the loop), else decomposes k. Taps
-outside the image, and the K padding, read the zero point ``zx'``: their terms cancel exactly
-(``(zx' - zx') * (w' - zw') = 0``), so the weight needs no masks (padded with zeros to
-``[NP, KP]``, K-major: Hopper's 8-bit wgmma reads both operands along K).
+fly from the NHWC (or NCHW) input in one of three loops: the tap loop (each K step one tap's
+run of BK channels, when BK divides the channel count: no index division per element), the
+row loop (a stem's few channels: whole kernel rows of KW x C contiguous bytes per step) or the
+generic loop (k decomposed per element). Taps outside the image, and the K padding, read the
+zero point ``zx'``: their terms cancel exactly (``(zx' - zx') * (w' - zw') = 0``). The weight
+is int8 ``[NP, KP]``, K-major (Hopper's 8-bit wgmma reads both operands along K) and
+zero-padded; only the row loop masks it (a step's columns past its last whole row).
+
+The stage after the GEMM, when it is the GEMM's elementwise epilogue (``qgemm_epilogue``: the
+fuse pass's ``qgemm`` groups, a residual add and requantization say), is evaluated on the
+tile's values before the one store.
 """
 from __future__ import annotations
 
