@@ -17,21 +17,26 @@ float tanhf(float);
 #define DP_LIBMVEC 1
 #endif
 
-#ifdef __F16C__
-#include <immintrin.h>
-#endif
 /* float16 <-> float32 with F16C's instructions where the target has them (gcc otherwise
-   converts _Float16 through a libgcc call per value) */
+   converts _Float16 through a libgcc call per value); gcc's builtins, not <immintrin.h>,
+   whose parsing would add half a second to every module's compile */
+#ifdef __F16C__
+typedef short dp_v8hi __attribute__((vector_size(16)));
+typedef float dp_v4sf __attribute__((vector_size(16)));
+typedef float dp_v8sf __attribute__((vector_size(32)));
+#endif
 static inline float dp_f16_to_f32(_Float16 h) {
 #ifdef __F16C__
-    unsigned short u; memcpy(&u, &h, 2); return _cvtsh_ss(u);
+    short u; memcpy(&u, &h, 2); dp_v8hi v = {u}; dp_v4sf f = __builtin_ia32_vcvtph2ps(v);
+    return f[0];
 #else
     return (float)h;
 #endif
 }
 static inline _Float16 dp_f32_to_f16(float f) {
 #ifdef __F16C__
-    unsigned short u = _cvtss_sh(f, 0); _Float16 h; memcpy(&h, &u, 2); return h;  /* nearest even */
+    dp_v4sf v = {f}; dp_v8hi h = __builtin_ia32_vcvtps2ph(v, 0);  /* 0: nearest even */
+    short u = h[0]; _Float16 r; memcpy(&r, &u, 2); return r;
 #else
     return (_Float16)f;
 #endif
@@ -150,8 +155,8 @@ static inline dp_f32x16 dp_load16_bf16(const uint16_t* p) {
 }
 #ifdef __F16C__
 static inline dp_f32x8 dp_load8_f16(const _Float16* p) {  /* vcvtph2ps */
-  __m128i h; memcpy(&h, p, 16); __m256 f = _mm256_cvtph_ps(h); dp_f32x8 v; memcpy(&v, &f, 32);
-  return v;
+  dp_v8hi h; memcpy(&h, p, 16); dp_v8sf f = __builtin_ia32_vcvtph2ps256(h); dp_f32x8 v;
+  memcpy(&v, &f, 32); return v;
 }
 static inline dp_f32x16 dp_load16_f16(const _Float16* p) {
   dp_f32x8 lo = dp_load8_f16(p), hi = dp_load8_f16(p + 8); dp_f32x16 v;
