@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..graph_ir import sym
 from ..graph_ir.sym import Sym
 from ..graph_ir.types import DType
@@ -351,3 +353,67 @@ def affine_coeff(e: Expr, v: Var) -> int | None:
                 c = affine_coeff(x, v)
                 return None if c is None else c * y.value
     return None
+
+
+CALL_OPS = frozenset({U.EXP, U.LOG, U.SIN, U.COS, U.TAN, U.ASIN, U.ACOS, U.ATAN, U.SINH,
+                      U.COSH, U.TANH, U.ASINH, U.ACOSH, U.ATANH, U.ERF})
+
+
+def point_cost(e: Expr) -> int:
+    """Arithmetic per point of a body, in simple-op units, each distinct node once (as the C
+    compiler's CSE sees it; index arithmetic not counted): a math-library call counts 8, a
+    division 4. A fused QDQ chain (BERT's GELU between a DequantizeLinear and a
+    QuantizeLinear) costs about 100, an add 1."""
+    seen, todo, cost = set(), [e], 0
+    while todo:
+        x = todo.pop()
+        if id(x) in seen or isinstance(x, Load | Const | Var):
+            continue
+        seen.add(id(x))
+        if isinstance(x, Unary) and x.op in CALL_OPS or isinstance(x, Binary) and x.op is B.POW:
+            cost += 8
+        elif isinstance(x, Binary) and x.op in (B.DIV, B.FMOD, B.PYMOD):
+            cost += 4
+        else:
+            cost += 1
+        todo.extend(children(x))
+    return cost
+
+
+def _small_int(dtype: DType) -> bool:
+    """8- and 16-bit integers (not the packed 4-bit types)."""
+    return dtype.is_int and not dtype.is_narrow and dtype.itemsize <= 2
+
+
+def _bounds(e: Expr) -> tuple[float, float, bool]:
+    """(lowest, highest, always an integer) of a float expression, as far as clamps, roundings
+    and integer casts tell; (-inf, inf, False) for anything else."""
+    inf = float("inf")
+    if isinstance(e, Const) and isinstance(e.value, int | float) and not isinstance(e.value, bool):
+        v = float(e.value)
+        return v, v, v.is_integer()
+    if isinstance(e, Unary) and e.op in (U.ROUND, U.FLOOR, U.CEIL):
+        return -inf, inf, True
+    if isinstance(e, Cast) and _small_int(e.x.dtype):
+        info = np.iinfo(e.x.dtype.np)
+        return float(info.min), float(info.max), True
+    if isinstance(e, Binary) and e.op in (B.MAX, B.MIN, B.ADD):
+        (alo, ahi, ai), (blo, bhi, bi) = _bounds(e.a), _bounds(e.b)
+        if e.op is B.ADD:
+            return alo + blo, ahi + bhi, ai and bi
+        pick = max if e.op is B.MAX else min
+        return pick(alo, blo), pick(ahi, bhi), ai and bi
+    return -inf, inf, False
+
+
+def exact_int_roundtrip(e: Cast) -> Expr | None:
+    """``y`` for ``float(int(y))`` where ``y`` is a float that is always an integer within the
+    integer type's range (a QuantizeLinear's clamped rounding read back by a
+    DequantizeLinear): the two conversions are the identity there (NaN aside). None otherwise."""
+    inner = e.x
+    if not (e.dtype.is_float and isinstance(inner, Cast) and _small_int(inner.dtype)
+            and inner.x.dtype is e.dtype):
+        return None
+    lo, hi, integral = _bounds(inner.x)
+    info = np.iinfo(inner.dtype.np)
+    return inner.x if integral and info.min <= lo and hi <= info.max else None

@@ -9,10 +9,12 @@ import dataclasses
 import numpy as np
 
 from ..graph_ir.graph import Node, Value
-from .expr import Load, Reduce, Select, Var, substitute, transform, walk
+from ..graph_ir.sym import hint
+from .expr import Load, Reduce, Select, Var, point_cost, substitute, transform, walk
 from .kernel import Buffer, Kernel, Stage
 from .lower import lower_node
 from .qgemm import QGemmStage
+from .schedule import stage_work
 
 
 def lower_fused(node: Node, name: str, constants: dict[Value, np.ndarray]) -> Kernel:
@@ -93,6 +95,8 @@ def _inlinable(kernel: Kernel, k: int, stage: Stage) -> bool:
         return False  # a zero-padded copy read by a contraction: inlined, its bounds tests
         # would run once per multiply-add instead of once per element
     uses = list(_loads_of(kernel.stages, stage.out))
+    if _recomputed_per_product(kernel, stage, uses):
+        return False
     if not any(isinstance(x, Reduce) for x in walk(stage.body)):
         # cheap: recomputing an elementwise body is fine, unless copies of a large one would
         # compound (a chain of values each read several times grows exponentially)
@@ -105,6 +109,25 @@ def _inlinable(kernel: Kernel, k: int, stage: Stage) -> bool:
     return (consumer.extents == stage.extents and load.index == consumer.vars
             and not any(isinstance(x, Reduce) and load in set(walk(x))
                         for x in walk(consumer.body)))
+
+
+# arithmetic (expr.point_cost) of a body that a contraction may recompute per multiply-add: a
+# dequantizing cast (cast, subtract, multiply) is; a QDQ round trip (divide, round, clamp) is not
+OPERAND_COST = 4
+
+
+def _recomputed_per_product(kernel: Kernel, stage: Stage, uses) -> bool:
+    """Whether inlining ``stage`` would put a costly body inside a contraction that reads each
+    of its points many times: P @ V of a QDQ attention recomputed P's quantize-dequantize 64
+    times per element (and a computed operand also keeps the contraction off its register
+    tile)."""
+    if point_cost(stage.body) <= OPERAND_COST:
+        return False
+    points = 1
+    for e in stage.extents:
+        points *= hint(e)
+    return any(stage_work(kernel.stages[c]) > points for c, _ in uses
+               if any(isinstance(x, Reduce) for x in walk(kernel.stages[c].body)))
 
 
 def _guarded(stage: Stage) -> bool:

@@ -21,6 +21,7 @@ from .expr import (
     Select,
     Var,
     affine_coeff,
+    point_cost,
     transform,
     walk,
 )
@@ -128,6 +129,13 @@ def stage_work(stage: Stage) -> int:
     return n
 
 
+def parallel_work(stage: Stage) -> int:
+    """``stage_work`` weighed by the body's arithmetic per point (in units of 4 simple ops), for
+    the thresholds of sharing a loop nest among threads: a QDQ chain over 98K points is worth
+    a parallel region where a copy of them is not."""
+    return stage_work(stage) * max(1, point_cost(stage.body) // 4)
+
+
 def _collapse(extents: tuple[int, ...], upto: int) -> int:
     """Collapse outer loops until there are enough iterations to share among threads."""
     n, k = 1, 0
@@ -191,7 +199,8 @@ def rule_contraction(stage: Stage) -> StageSchedule | None:
         n *= e
         inner += 1
     outer = len(stage.extents) - inner
-    parallel = _collapse(stage.extents, outer) if outer and stage_work(stage) >= PARALLEL_MIN_WORK else 0
+    parallel = (_collapse(stage.extents, outer)
+                if outer and parallel_work(stage) >= PARALLEL_MIN_WORK else 0)
     return StageSchedule(parallel=parallel, reduce_outer=outer)
 
 
@@ -220,7 +229,7 @@ def single_reduce(stage: Stage, narrow_out: bool = False) -> Reduce | None:
 
 
 def rule_generic(stage: Stage, min_work: int = PARALLEL_MIN_WORK) -> StageSchedule:
-    if stage.extents and stage_work(stage) >= min_work:
+    if stage.extents and parallel_work(stage) >= min_work:
         # the innermost loop stays out of the parallel collapse: it is the one that vectorizes
         upto = len(stage.extents) - 1 if len(stage.extents) > 1 else 1
         return StageSchedule(parallel=_collapse(stage.extents, upto))

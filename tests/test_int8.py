@@ -156,6 +156,22 @@ def test_matmul_float_output_and_weight_zero_points(target):
     check(model, x, sy, target)
 
 
+def test_matmul_rows_in_place_with_weight_zero_points(target):
+    # uint8 rows with k a multiple of 4 are read from the input itself (vnni); 23 rows end in a
+    # partial block of the 6-row micro-kernel; non-zero weight zero points need the row sums
+    w = RNG.standard_normal((96, 40)).astype(np.float32) * 0.2
+    model, x, sy = qdq_model("MatMul", (23, 96), w, act=np.uint8, w_zp_nonzero=True)
+    check(model, x, sy, target)
+
+
+def test_conv_rows_packed_in_chunks(target):
+    # 4096 im2col rows of 576 taps: more than one 2 MiB chunk of packed rows
+    w = RNG.standard_normal((40, 64, 3, 3)).astype(np.float32) * 0.1
+    model, x, sy = qdq_model("Conv", (1, 64, 64, 64), w, w_zp_nonzero=True,
+                             conv={"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})
+    check(model, x, sy, target)
+
+
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_gemm(target, trans_b):
     w = RNG.standard_normal((33, 64) if trans_b else (64, 33)).astype(np.float32) * 0.2

@@ -1,8 +1,10 @@
 /* ---- int8 contractions (tensor_ir/qgemm.py, backends/c/qgemm.py) -------------------------
    out[m, n] = epilogue(sum_k (a[m, k] - x_zp) * (w[k, n] - w_zp[n])), exact in int32.
-   Rows m are packed per block of DP_QMR at run time (a convolution's im2col rows gathered on
-   the fly, padding = the zero point); the weight was packed at compile time into panels of
-   DP_QNR columns. Paths (the target's int8_path):
+   The micro-kernels read DP_QMR rows of activations as 32-bit words (row r at a + r * lda
+   bytes): a MatMul's or a 1 x 1 convolution's uint8 rows straight from the input, other rows
+   packed at run time into a buffer all threads share (a convolution's im2col rows gathered
+   on the fly, padding = the zero point). The weight was packed at compile time into panels
+   of DP_QNR columns. Paths (the target's int8_path):
      1 avx2, 0 scalar: a - x_zp and w - w_zp as int16 (exact), pairs along k;
        _mm256_madd_epi16 multiplies and adds each pair into int32 lanes (no saturation:
        |a - x_zp|, |w - w_zp| <= 255, so a pair sums to at most 130050).
@@ -108,14 +110,18 @@ static int32_t dp_q_row8(const dp_qgeom* g, const void* x, int64_t m, uint8_t* r
   return sum;
 }
 
-/* ---- micro-kernels: acc[DP_QMR][DP_QNR] over kq 32-bit units of k ---- */
-static void dp_q_micro_scalar16(const int32_t* a, const int16_t* b, int64_t kq, int32_t* acc) {
+/* ---- micro-kernels: acc[DP_QMR][DP_QNR] over kq 32-bit units of k; row r's unit q is the
+   word at a + r * lda + 4 * q ---- */
+static inline int32_t dp_q_word(const char* p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+static void dp_q_micro_scalar16(const char* a, int64_t lda, const int16_t* b, int64_t kq,
+                                int32_t* acc) {
   int32_t t[DP_QMR * DP_QNR] = {0};
   for (int64_t q = 0; q < kq; q++) {
     const int16_t* bq = b + q * 2 * DP_QNR;
     for (int r = 0; r < DP_QMR; r++) {
       int16_t a2[2];
-      memcpy(a2, a + q * DP_QMR + r, 4);
+      memcpy(a2, a + r * lda + 4 * q, 4);
       for (int j = 0; j < DP_QNR; j++)
         t[r * DP_QNR + j] += a2[0] * bq[2 * j] + a2[1] * bq[2 * j + 1];
     }
@@ -123,13 +129,14 @@ static void dp_q_micro_scalar16(const int32_t* a, const int16_t* b, int64_t kq, 
   memcpy(acc, t, sizeof t);
 }
 
-static void dp_q_micro_scalar8(const int32_t* a, const int8_t* b, int64_t kq, int32_t* acc) {
+static void dp_q_micro_scalar8(const char* a, int64_t lda, const int8_t* b, int64_t kq,
+                               int32_t* acc) {
   int32_t t[DP_QMR * DP_QNR] = {0};
   for (int64_t q = 0; q < kq; q++) {
     const int8_t* bq = b + q * 4 * DP_QNR;
     for (int r = 0; r < DP_QMR; r++) {
       uint8_t a4[4];
-      memcpy(a4, a + q * DP_QMR + r, 4);
+      memcpy(a4, a + r * lda + 4 * q, 4);
       for (int j = 0; j < DP_QNR; j++)
         for (int u = 0; u < 4; u++) t[r * DP_QNR + j] += a4[u] * bq[4 * j + u];
     }
@@ -142,16 +149,17 @@ static void dp_q_micro_scalar8(const int32_t* a, const int8_t* b, int64_t kq, in
 #define DP_QDECL(r) __m256i c##r##a = _mm256_setzero_si256(), c##r##b = _mm256_setzero_si256();
 #define DP_QSTORE(r) _mm256_storeu_si256((__m256i*)(acc + r * 16), c##r##a); \
   _mm256_storeu_si256((__m256i*)(acc + r * 16 + 8), c##r##b);
-#define DP_QMADD(r) { __m256i v = _mm256_set1_epi32(ak[r]); \
+#define DP_QMADD(r) { __m256i v = _mm256_set1_epi32(dp_q_word(ak + r * lda)); \
   c##r##a = _mm256_add_epi32(c##r##a, _mm256_madd_epi16(v, b0)); \
   c##r##b = _mm256_add_epi32(c##r##b, _mm256_madd_epi16(v, b1)); }
 
-static void dp_q_micro_avx2(const int32_t* a, const int16_t* b, int64_t kq, int32_t* acc) {
+static void dp_q_micro_avx2(const char* a, int64_t lda, const int16_t* b, int64_t kq,
+                            int32_t* acc) {
   DP_QROWS(DP_QDECL)
   for (int64_t q = 0; q < kq; q++) {
     const __m256i b0 = _mm256_loadu_si256((const __m256i*)(b + q * 32));
     const __m256i b1 = _mm256_loadu_si256((const __m256i*)(b + q * 32 + 16));
-    const int32_t* ak = a + q * DP_QMR;
+    const char* ak = a + 4 * q;
     DP_QROWS(DP_QMADD)
   }
   DP_QROWS(DP_QSTORE)
@@ -173,17 +181,17 @@ static inline __m256i dp_dpbusd(__m256i c, __m256i a, __m256i b) {
 }
 #define DP_DPBUSD(c, a, b) dp_dpbusd(c, a, b)
 #endif
-#define DP_QDOT(r) { __m256i v = _mm256_set1_epi32(ak[r]); \
+#define DP_QDOT(r) { __m256i v = _mm256_set1_epi32(dp_q_word(ak + r * lda)); \
   c##r##a = DP_DPBUSD(c##r##a, v, b0); c##r##b = DP_DPBUSD(c##r##b, v, b1); }
 
 #define DP_QMICRO8(name, DOT) \
-static void name(const int32_t* a, const int8_t* b, int64_t kq, int32_t* acc) { \
+static void name(const char* a, int64_t lda, const int8_t* b, int64_t kq, int32_t* acc) { \
   const __m256i ones = _mm256_set1_epi16(1); (void)ones; \
   DP_QROWS(DP_QDECL) \
   for (int64_t q = 0; q < kq; q++) { \
     const __m256i b0 = _mm256_loadu_si256((const __m256i*)(b + q * 64)); \
     const __m256i b1 = _mm256_loadu_si256((const __m256i*)(b + q * 64 + 32)); \
-    const int32_t* ak = a + q * DP_QMR; \
+    const char* ak = a + 4 * q; \
     DP_QROWS(DOT) \
   } \
   DP_QROWS(DP_QSTORE) \
@@ -191,7 +199,7 @@ static void name(const int32_t* a, const int8_t* b, int64_t kq, int32_t* acc) { 
 DP_QMICRO8(dp_q_micro_vnni, DP_QDOT)
 /* path 3, avx2-u8s8: vpmaddubsw's int16 pair sums are exact when every pair of weights has
    |w0| + |w1| <= 128 (255 * 128 < 32768; backends/c/qgemm.py checks it at compile time) */
-#define DP_QDOT7(r) { __m256i v = _mm256_set1_epi32(ak[r]); \
+#define DP_QDOT7(r) { __m256i v = _mm256_set1_epi32(dp_q_word(ak + r * lda)); \
   c##r##a = _mm256_add_epi32(c##r##a, _mm256_madd_epi16(_mm256_maddubs_epi16(v, b0), ones)); \
   c##r##b = _mm256_add_epi32(c##r##b, _mm256_madd_epi16(_mm256_maddubs_epi16(v, b1), ones)); }
 DP_QMICRO8(dp_q_micro_u8s8, DP_QDOT7)
@@ -243,31 +251,119 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
   }
 }
 
-static void dp_q_tile(const dp_qgeom* g, const int32_t* a, const void* bp, int64_t kq,
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* two panels (32 columns) per call on 512-bit vpdpbusd: 12 accumulators cover its latency */
+#define DP_Q512 1
+#define DP_Q512DECL(r) __m512i d##r##a = _mm512_setzero_si512(), d##r##b = _mm512_setzero_si512();
+#define DP_Q512DOT(r) { __m512i v = _mm512_set1_epi32(dp_q_word(ak + r * lda)); \
+  d##r##a = _mm512_dpbusd_epi32(d##r##a, v, b0); d##r##b = _mm512_dpbusd_epi32(d##r##b, v, b1); }
+#define DP_Q512STORE(r) _mm512_storeu_si512(acc + r * 16, d##r##a); \
+  _mm512_storeu_si512(acc + DP_QMR * DP_QNR + r * 16, d##r##b);
+static void dp_q_micro_vnni512x2(const char* a, int64_t lda, const int8_t* p0, const int8_t* p1,
+                                 int64_t kq, int32_t* acc) {
+  DP_QROWS(DP_Q512DECL)
+  for (int64_t q = 0; q < kq; q++) {
+    const __m512i b0 = _mm512_loadu_si512((const void*)(p0 + q * 64));
+    const __m512i b1 = _mm512_loadu_si512((const void*)(p1 + q * 64));
+    const char* ak = a + 4 * q;
+    DP_QROWS(DP_Q512DOT)
+  }
+  DP_QROWS(DP_Q512STORE)
+}
+#endif
+
+static void dp_q_tile(const dp_qgeom* g, const char* a, int64_t lda, const void* bp, int64_t kq,
                       int32_t* acc) {
 #ifdef __AVX2__
-  if (g->path == 3) { dp_q_micro_u8s8(a, (const int8_t*)bp, kq, acc); return; }
-  if (g->path == 2) { dp_q_micro_vnni(a, (const int8_t*)bp, kq, acc); return; }
-  if (g->path == 1) { dp_q_micro_avx2(a, (const int16_t*)bp, kq, acc); return; }
+  if (g->path == 3) { dp_q_micro_u8s8(a, lda, (const int8_t*)bp, kq, acc); return; }
+  if (g->path == 2) { dp_q_micro_vnni(a, lda, (const int8_t*)bp, kq, acc); return; }
+  if (g->path == 1) { dp_q_micro_avx2(a, lda, (const int16_t*)bp, kq, acc); return; }
 #endif
-  if (g->path >= 2) dp_q_micro_scalar8(a, (const int8_t*)bp, kq, acc);
-  else dp_q_micro_scalar16(a, (const int16_t*)bp, kq, acc);
+  if (g->path >= 2) dp_q_micro_scalar8(a, lda, (const int8_t*)bp, kq, acc);
+  else dp_q_micro_scalar16(a, lda, (const int16_t*)bp, kq, acc);
 }
 
-/* the whole contraction: tiles of (mc rows, a run of panels) shared among threads; each tile
-   packs its rows once and runs them against every panel of its run */
+/* whether row m is the input's bytes [m * c, (m + 1) * c): uint8 rows of a MatMul or of a
+   1 x 1, stride-1 convolution over a dense NHWC input, k a multiple of 4 (read in place) */
+static int dp_q_direct(const dp_qgeom* g) {
+  if (g->path < 2 || g->x_signed || g->kp != g->c || g->kh != 1 || g->kw != 1) return 0;
+  if (g->sh != 1 || g->sw != 1 || g->ph || g->pw || g->xs_c != 1) return 0;
+  if (g->oh != g->ih || g->ow != g->iw) return 0;
+  if ((g->ow > 1 && g->xs_w != g->c) || (g->oh > 1 && g->xs_h != g->ow * g->c)) return 0;
+  return g->m == g->oh * g->ow || g->xs_img == g->oh * g->ow * g->c;
+}
+
+static int32_t dp_q_bytesum(const uint8_t* p, int64_t n) {
+  int32_t s = 0;
+  for (int64_t i = 0; i < n; i++) s += p[i];
+  return s;
+}
+
+/* one tile: rows [m0, m0 + rows) at a (row stride lda; in_place: the input itself, where rows
+   past the last are not readable) against panels [p0, p1) */
+static void dp_q_run(const dp_qgeom* g, const char* a, int64_t lda, int in_place, int64_t m0,
+                     int64_t rows, int64_t p0, int64_t p1, const void* bp, int64_t kq, const int32_t* corr,
+                     const float* mult, const float* off, const int32_t* zw, const int32_t* rsum,
+                     void* out, char* local) {
+  const int64_t rowb = kq * 4, rblocks = (rows + DP_QMR - 1) / DP_QMR, pix = g->oh * g->ow;
+  int64_t* obase = (int64_t*)local;  /* where each row's outputs start */
+  char* tail = local + (size_t)rows * 8;  /* a last, partial block of rows read in place */
+  for (int64_t r = 0; r < rows; r++)
+    obase[r] = ((m0 + r) / pix) * g->os_img + ((m0 + r) % pix) * g->os_pix;
+  int32_t acc[2 * DP_QMR * DP_QNR];
+  for (int64_t p = p0; p < p1;) {
+#ifdef DP_Q512
+    const int64_t step = g->path == 2 && p + 1 < p1 ? 2 : 1;
+#else
+    const int64_t step = 1;
+#endif
+    const char* bpan = (const char*)bp + p * kq * 64;
+    for (int64_t rb = 0; rb < rblocks; rb++) {
+      const int64_t rr = rows - rb * DP_QMR < DP_QMR ? rows - rb * DP_QMR : DP_QMR;
+      const char* ab = a + rb * DP_QMR * lda;
+      int64_t ld = lda;
+      if (rr < DP_QMR && in_place) {
+        memset(tail, 0, (size_t)DP_QMR * rowb);
+        for (int64_t r = 0; r < rr; r++) memcpy(tail + r * rowb, ab + r * lda, (size_t)rowb);
+        ab = tail, ld = rowb;
+      }
+#ifdef DP_Q512
+      if (step == 2) dp_q_micro_vnni512x2(ab, ld, (const int8_t*)bpan, (const int8_t*)bpan + kq * 64, kq, acc);
+      else
+#endif
+      dp_q_tile(g, ab, ld, bpan, kq, acc);
+      for (int64_t h = 0; h < step; h++)
+        dp_q_store(g, acc + h * DP_QMR * DP_QNR, obase + rb * DP_QMR, rr, (p + h) * DP_QNR, corr,
+                   mult, off, zw, rsum ? rsum + rb * DP_QMR : NULL, out);
+    }
+    p += step;
+  }
+}
+
+static __thread char* dp_qshared_buf;
+static __thread size_t dp_qshared_cap;
+
+/* the whole contraction, in chunks of rows: the threads pack a chunk's rows together (unless
+   they are read in place), then share its tiles of (mc rows, a run of panels) */
 /* not inlined or cloned per call site: one copy serves every kernel (a clone per constant
    geometry would be compiled, and fully unrolled, once per layer) */
 __attribute__((noinline, noclone))
 static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int32_t* corr,
                      const float* mult, const float* off, const int32_t* zw, void* out) {
-  const int vnni = g->path >= 2;  /* uint8 rows, quads of k (vnni, avx2-u8s8) */
-  const int64_t kq = vnni ? g->kp / 4 : g->kp / 2, panels = g->np / DP_QNR;
-  int64_t mc = (160 * 1024) / (kq * 4) / DP_QMR * DP_QMR;
+  const int bytes = g->path >= 2;  /* uint8 rows, quads of k (vnni, avx2-u8s8) */
+  const int64_t kq = bytes ? g->kp / 4 : g->kp / 2, panels = g->np / DP_QNR, rowb = kq * 4;
+  const int direct = dp_q_direct(g);
+  int64_t mc = (160 * 1024) / rowb / DP_QMR * DP_QMR;
   const int64_t mfull = (g->m + DP_QMR - 1) / DP_QMR * DP_QMR;
   mc = mc < DP_QMR ? DP_QMR : mc > 96 ? 96 : mc;
   mc = mc > mfull ? mfull : mc;
-  const int64_t mblocks = (g->m + mc - 1) / mc;
+  int64_t ch = direct ? mfull : (2 << 20) / rowb / mc * mc;  /* rows per chunk: <= 2 MiB packed */
+  ch = ch < mc ? mc : ch > mfull ? (mfull + mc - 1) / mc * mc : ch;
+  const size_t abytes = direct ? 0 : (size_t)(ch + DP_QMR) * rowb;
+  char* shared = (char*)dp_grow(&dp_qshared_buf, &dp_qshared_cap, abytes + (size_t)ch * 4 + 64);
+  if (!shared) return;
+  int32_t* rsum = zw ? (int32_t*)(shared + abytes) : NULL;
+  const int64_t mblocks = (ch + mc - 1) / mc;
 #ifdef _OPENMP
   const int64_t threads = omp_get_max_threads();
 #else
@@ -275,41 +371,34 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
 #endif
   int64_t nsplit = 1;
   while (mblocks * nsplit < 4 * threads && nsplit * 2 <= panels) nsplit *= 2;
-  const int64_t ppt = (panels + nsplit - 1) / nsplit;
+  int64_t ppt = (panels + nsplit - 1) / nsplit;
+  ppt += ppt % 2 && ppt < panels;  /* whole pairs of panels for the 512-bit kernel */
   nsplit = (panels + ppt - 1) / ppt;
-  const int64_t tiles = mblocks * nsplit;
-  const size_t ablk = (size_t)mc * kq * 4, rowb = (size_t)kq * 4;
   const int big = g->m * g->n * g->kp > 65536;
-#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1 && big)
-  for (int64_t t = 0; t < tiles; t++) {
-    const int64_t mb = t / nsplit, nb = t % nsplit, m0 = mb * mc;
-    const int64_t rows = g->m - m0 < mc ? g->m - m0 : mc, rblocks = (rows + DP_QMR - 1) / DP_QMR;
-    char* buf = (char*)dp_local(ablk + rowb + (size_t)mc * 12 + 64);
-    if (!buf) continue;
-    int32_t* A = (int32_t*)buf;
-    int32_t* row = (int32_t*)(buf + ablk);
-    int64_t* obase = (int64_t*)(buf + ablk + rowb);  /* where each row's outputs start */
-    int32_t* rsum = (int32_t*)(buf + ablk + rowb + (size_t)mc * 8);
-    const int64_t pix = g->oh * g->ow;
-    for (int64_t r = 0; r < rows; r++)
-      obase[r] = ((m0 + r) / pix) * g->os_img + ((m0 + r) % pix) * g->os_pix;
-    for (int64_t r = 0; r < rblocks * DP_QMR; r++) {
-      int32_t* dst = A + (r / DP_QMR) * kq * DP_QMR + r % DP_QMR;
-      if (r >= rows) { rsum[r] = 0; for (int64_t q = 0; q < kq; q++) dst[q * DP_QMR] = 0; continue; }
-      if (vnni) rsum[r] = dp_q_row8(g, x, m0 + r, (uint8_t*)row, zw != NULL);
-      else dp_q_row16(g, x, m0 + r, (int16_t*)row);
-      for (int64_t q = 0; q < kq; q++) dst[q * DP_QMR] = row[q];
-    }
-    const int64_t p1 = (nb + 1) * ppt < panels ? (nb + 1) * ppt : panels;
-    for (int64_t p = nb * ppt; p < p1; p++) {
-      const char* bpan = (const char*)bp + p * kq * 64;
-      for (int64_t rb = 0; rb < rblocks; rb++) {
-        int32_t acc[DP_QMR * DP_QNR];
-        dp_q_tile(g, A + rb * kq * DP_QMR, bpan, kq, acc);
-        const int64_t rr = rows - rb * DP_QMR < DP_QMR ? rows - rb * DP_QMR : DP_QMR;
-        dp_q_store(g, acc, obase + rb * DP_QMR, rr, p * DP_QNR, corr, mult, off, zw,
-                   rsum + rb * DP_QMR, out);
+#pragma omp parallel if (big && (mblocks * nsplit > 1 || g->m > ch))
+  for (int64_t m0c = 0; m0c < g->m; m0c += ch) {
+    const int64_t rows_c = g->m - m0c < ch ? g->m - m0c : ch;
+    const char* a = direct ? (const char*)x + m0c * rowb : shared;  /* rowb = c in place */
+    if (!direct || zw) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows_c; r++) {
+        int32_t rs = 0;
+        if (direct) rs = dp_q_bytesum((const uint8_t*)a + r * rowb, rowb);
+        else if (bytes) rs = dp_q_row8(g, x, m0c + r, (uint8_t*)(shared + r * rowb), zw != NULL);
+        else dp_q_row16(g, x, m0c + r, (int16_t*)(shared + r * rowb));
+        if (rsum) rsum[r] = rs;
       }
+    }
+    const int64_t mb_c = (rows_c + mc - 1) / mc, tiles = mb_c * nsplit;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; t++) {
+      const int64_t mb = t / nsplit, nb = t % nsplit, m0 = mb * mc;
+      const int64_t rows = rows_c - m0 < mc ? rows_c - m0 : mc;
+      const int64_t p0 = nb * ppt, p1 = p0 + ppt < panels ? p0 + ppt : panels;
+      char* local = (char*)dp_local((size_t)mc * 8 + (size_t)DP_QMR * rowb + 64);
+      if (!local) continue;
+      dp_q_run(g, a + m0 * rowb, rowb, direct, m0c + m0, rows, p0, p1,
+               bp, kq, corr, mult, off, zw, rsum ? rsum + m0 : NULL, out, local);
     }
   }
 }
