@@ -55,7 +55,7 @@ LAYOUTS = {"NCHW", "NHWC"}
 PEAK_DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 VECTOR_BITS = {128, 256, 512}
 WARP_SIZES = {32, 64}
-INT8_PATHS = {"cpu": ("vnni", "avx2", "scalar", "none"), "gpu": ("mma", "none")}
+INT8_PATHS = {"cpu": ("amx", "vnni", "avx2", "scalar", "none"), "gpu": ("mma", "none")}
 GPU_ARCH = {"nvidia": re.compile(r"sm_\d+a?$"), "amd": re.compile(r"gfx[0-9a-f]+$")}
 GPU_REQUIRED = ("warp_size", "sm_count", "shared_mem_per_block")
 
@@ -112,7 +112,9 @@ class Target:
 
 
 def int8_path(target: Target, isa) -> str:
-    """The int8 kernels of a target: its ``int8`` key where given; else ``vnni`` where the ISA
+    """The int8 kernels of a target: its ``int8`` key where given; else ``amx`` where the ISA
+    has AMX tiles (``amx_tile`` and ``amx_int8``: the vnni kernels, with whole 64-byte k steps
+    on the tile registers where the OS grants them), ``vnni`` where it
     has u8 x s8 dot products (``avx512_vnni`` with ``avx512vl``, or ``avx_vnni``), ``avx2``
     (int8 widened to int16, ``_mm256_madd_epi16``) with AVX2, ``scalar`` on other CPUs, and
     ``mma`` (int8 tensor cores through ``tl.dot``, backends/triton/qgemm.py) on GPUs."""
@@ -121,6 +123,8 @@ def int8_path(target: Target, isa) -> str:
     if target.kind != "cpu":
         return "mma"
     isa = set(isa)
+    if {"amx_tile", "amx_int8"} <= isa:
+        return "amx"
     if "avx_vnni" in isa or {"avx512_vnni", "avx512vl"} <= isa:
         return "vnni"
     return "avx2" if "avx2" in isa else "scalar"

@@ -230,8 +230,10 @@ def single_reduce(stage: Stage, narrow_out: bool = False) -> Reduce | None:
 
 def rule_generic(stage: Stage, min_work: int = PARALLEL_MIN_WORK) -> StageSchedule:
     if stage.extents and parallel_work(stage) >= min_work:
-        # the innermost loop stays out of the parallel collapse: it is the one that vectorizes
-        upto = len(stage.extents) - 1 if len(stage.extents) > 1 else 1
+        # the innermost loop stays out of the parallel collapse: it is the one that vectorizes,
+        # unless a reduction inside is (a global average pool's channels are all it has)
+        inner = len(stage.extents) > 1 and not any(isinstance(x, Reduce) for x in walk(stage.body))
+        upto = len(stage.extents) - 1 if inner else len(stage.extents)
         return StageSchedule(parallel=_collapse(stage.extents, upto))
     return StageSchedule()
 

@@ -14,7 +14,8 @@ off; ``quantize_static(reduce_range=True)`` exists for this). The models here th
 ``test_full_range_weights_are_exact`` checks 8-bit weights against ORT's unfused float
 execution of the QDQ graph (``ORT_DISABLE_ALL``). Every path
 runs here: ``avx2`` (the host's), ``vnni`` (vpdpbusd, emulated exactly with AVX2 where the
-compiler has no VNNI) and ``scalar``; on ``avx2`` the 7-bit weights take ``avx2-u8s8``
+compiler has no VNNI), ``amx`` (k padded to 64; the tile kernels where the compiler and the OS
+have AMX, else the vnni ones) and ``scalar``; on ``avx2`` the 7-bit weights take ``avx2-u8s8``
 (``vpmaddubsw``, exact for them) and the 8-bit ones the int16 widening.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from deploy.targets.target import HERE, load_target
 from .util import helper, make_model, numpy_helper, run_ort
 
 RNG = np.random.default_rng(8)
-PATHS = ("avx2", "vnni", "scalar")
+PATHS = ("avx2", "vnni", "amx", "scalar")
 
 
 @pytest.fixture(scope="module", params=PATHS)
@@ -222,6 +223,14 @@ def test_conv_nchw_target():
     model, x, sy = qdq_model("Conv", x_shape, w, conv=attrs)
     assert load_target("x86_64-avx2").int8_path() == "avx2"
     check(model, x, sy, "x86_64-avx2")
+
+
+def test_int8_path_follows_the_isa():
+    from deploy.targets.target import int8_path
+    cpu = load_target("x86_64-avx512")
+    assert int8_path(cpu, ["avx2", "avx512_vnni", "avx512vl"]) == "vnni"
+    assert int8_path(cpu, ["avx2", "avx512_vnni", "avx512vl", "amx_tile", "amx_int8"]) == "amx"
+    assert int8_path(cpu, ["avx2"]) == "avx2"
 
 
 def test_not_foldable_keeps_float_decomposition(target):

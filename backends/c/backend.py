@@ -71,7 +71,7 @@ def target_features(tgt) -> dict:
 
 def _host_isa() -> list[str]:
     wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
-              "avx_vnni", "asimd")
+              "avx_vnni", "amx_tile", "amx_int8", "asimd")
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:

@@ -272,6 +272,70 @@ static void dp_q_micro_vnni512x2(const char* a, int64_t lda, const int8_t* p0, c
 }
 #endif
 
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__linux__)
+/* AMX (Sapphire Rapids and later): tdpbusd multiplies a 16 x 64 tile of uint8 rows by a 64 x 16
+   tile of int8 weights, which is 16 consecutive k-quads of a DP_QNR-column panel as packed for
+   vnni (64 bytes per quad); 2 x 2 tiles of 16 x 16 int32 sums cover 32 rows x 32 columns */
+#include <sys/syscall.h>
+#include <unistd.h>
+#define DP_QAMX 1
+#define DP_QAMX_ROWS 32
+static int dp_q_amx_state = -1;  /* the kernel lets this process use the tile registers */
+static int dp_q_amx_usable(void) {
+  if (dp_q_amx_state < 0)  /* arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) */
+    dp_q_amx_state = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return dp_q_amx_state;
+}
+
+static void dp_q_run_amx(const dp_qgeom* g, const char* a, int64_t lda, int in_place, int64_t rows,
+                         int64_t p0, int64_t p1, const void* bp, int64_t kq, const int32_t* corr,
+                         const float* mult, const float* off, const int32_t* zw,
+                         const int32_t* rsum, void* out, const int64_t* obase, char* tail) {
+  unsigned char cfg[64] = {1};  /* palette 1; 8 tiles of 16 rows x 64 bytes */
+  for (int t = 0; t < 8; t++) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
+  _tile_loadconfig(cfg);
+  const int64_t rowb = kq * 4;
+  int32_t acc[4][16 * 16];
+  for (int64_t p = p0; p < p1; p += 2) {
+    const int two = p + 1 < p1;
+    const char* b0 = (const char*)bp + p * kq * 64;
+    const char* b1 = b0 + kq * 64;
+    for (int64_t r0 = 0; r0 < rows; r0 += DP_QAMX_ROWS) {
+      const int64_t rr = rows - r0 < DP_QAMX_ROWS ? rows - r0 : DP_QAMX_ROWS;
+      const char* ab = a + r0 * lda;
+      int64_t ld = lda;
+      if (rr < DP_QAMX_ROWS && in_place) {  /* rows past the input are not readable */
+        memset(tail, 0, (size_t)DP_QAMX_ROWS * rowb);
+        for (int64_t r = 0; r < rr; r++) memcpy(tail + r * rowb, ab + r * lda, (size_t)rowb);
+        ab = tail, ld = rowb;
+      }
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t kk = 0; kk < rowb; kk += 64) {
+        _tile_loadd(4, ab + kk, ld);
+        _tile_loadd(5, ab + 16 * ld + kk, ld);
+        _tile_loadd(6, b0 + kk * 16, 64);
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(2, 5, 6);
+        if (two) {
+          _tile_loadd(7, b1 + kk * 16, 64);
+          _tile_dpbusd(1, 4, 7);
+          _tile_dpbusd(3, 5, 7);
+        }
+      }
+      _tile_stored(0, acc[0], 64);
+      _tile_stored(2, acc[2], 64);
+      if (two) { _tile_stored(1, acc[1], 64); _tile_stored(3, acc[3], 64); }
+      for (int h = 0; h <= two; h++)
+        for (int half = 0; half < 2 && half * 16 < rr; half++)
+          dp_q_store(g, acc[2 * half + h], obase + r0 + 16 * half,
+                     rr - 16 * half < 16 ? rr - 16 * half : 16, (p + h) * DP_QNR, corr, mult, off,
+                     zw, rsum ? rsum + r0 + 16 * half : NULL, out);
+    }
+  }
+  _tile_release();
+}
+#endif
+
 static void dp_q_tile(const dp_qgeom* g, const char* a, int64_t lda, const void* bp, int64_t kq,
                       int32_t* acc) {
 #ifdef __AVX2__
@@ -300,8 +364,8 @@ static int32_t dp_q_bytesum(const uint8_t* p, int64_t n) {
 }
 
 /* one tile: rows [m0, m0 + rows) at a (row stride lda; in_place: the input itself, where rows
-   past the last are not readable) against panels [p0, p1) */
-static void dp_q_run(const dp_qgeom* g, const char* a, int64_t lda, int in_place, int64_t m0,
+   past the last are not readable) against panels [p0, p1); amx: on the tile registers */
+static void dp_q_run(const dp_qgeom* g, const char* a, int64_t lda, int in_place, int amx, int64_t m0,
                      int64_t rows, int64_t p0, int64_t p1, const void* bp, int64_t kq, const int32_t* corr,
                      const float* mult, const float* off, const int32_t* zw, const int32_t* rsum,
                      void* out, char* local) {
@@ -310,6 +374,13 @@ static void dp_q_run(const dp_qgeom* g, const char* a, int64_t lda, int in_place
   char* tail = local + (size_t)rows * 8;  /* a last, partial block of rows read in place */
   for (int64_t r = 0; r < rows; r++)
     obase[r] = ((m0 + r) / pix) * g->os_img + ((m0 + r) % pix) * g->os_pix;
+#ifdef DP_QAMX
+  if (amx) {
+    dp_q_run_amx(g, a, lda, in_place, rows, p0, p1, bp, kq, corr, mult, off, zw, rsum, out, obase,
+                 tail);
+    return;
+  }
+#endif
   int32_t acc[2 * DP_QMR * DP_QNR];
   for (int64_t p = p0; p < p1;) {
 #ifdef DP_Q512
@@ -357,9 +428,15 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
   const int64_t mfull = (g->m + DP_QMR - 1) / DP_QMR * DP_QMR;
   mc = mc < DP_QMR ? DP_QMR : mc > 96 ? 96 : mc;
   mc = mc > mfull ? mfull : mc;
+  int amx = 0;  /* whole 64-byte k steps of uint8 x int8 on AMX tiles, 32 rows at a time */
+#ifdef DP_QAMX
+  amx = g->path == 2 && rowb % 64 == 0 && dp_q_amx_usable();
+  if (amx) mc = mc < DP_QAMX_ROWS ? DP_QAMX_ROWS : mc / DP_QAMX_ROWS * DP_QAMX_ROWS;
+#endif
+  const int64_t pad = amx ? 32 : DP_QMR;  /* rows a last partial block may read past the end */
   int64_t ch = direct ? mfull : (2 << 20) / rowb / mc * mc;  /* rows per chunk: <= 2 MiB packed */
   ch = ch < mc ? mc : ch > mfull ? (mfull + mc - 1) / mc * mc : ch;
-  const size_t abytes = direct ? 0 : (size_t)(ch + DP_QMR) * rowb;
+  const size_t abytes = direct ? 0 : (size_t)(ch + pad) * rowb;
   char* shared = (char*)dp_grow(&dp_qshared_buf, &dp_qshared_cap, abytes + (size_t)ch * 4 + 64);
   if (!shared) return;
   int32_t* rsum = zw ? (int32_t*)(shared + abytes) : NULL;
@@ -395,9 +472,9 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
       const int64_t mb = t / nsplit, nb = t % nsplit, m0 = mb * mc;
       const int64_t rows = rows_c - m0 < mc ? rows_c - m0 : mc;
       const int64_t p0 = nb * ppt, p1 = p0 + ppt < panels ? p0 + ppt : panels;
-      char* local = (char*)dp_local((size_t)mc * 8 + (size_t)DP_QMR * rowb + 64);
+      char* local = (char*)dp_local((size_t)mc * 8 + (size_t)pad * rowb + 64);
       if (!local) continue;
-      dp_q_run(g, a + m0 * rowb, rowb, direct, m0c + m0, rows, p0, p1,
+      dp_q_run(g, a + m0 * rowb, rowb, direct, amx, m0c + m0, rows, p0, p1,
                bp, kq, corr, mult, off, zw, rsum ? rsum + m0 : NULL, out, local);
     }
   }

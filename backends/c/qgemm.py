@@ -6,7 +6,8 @@ Packed weight layouts (``DP_QNR`` = 16 columns per panel, zero-padded):
 - ``avx2`` / ``scalar``: int16 ``(w - w_zp)``, ``[N/16, K/2, 16, 2]``: each 32-bit lane holds a
   column's pair of consecutive k, what ``_mm256_madd_epi16`` multiplies by a broadcast pair of
   activations;
-- ``vnni``: int8 ``w``, ``[N/16, K/4, 16, 4]``, for ``vpdpbusd``; the zero-point terms become
+- ``vnni`` (and ``amx``, whose tiles read 16 quads of a panel at a time; k padded to 64): int8
+  ``w``, ``[N/16, K/4, 16, 4]``, for ``vpdpbusd``; the zero-point terms become
   ``corr[n] = bias[n] - x_zp' * colsum(w)[n] + K * x_zp' * w_zp[n]`` (``x_zp' = x_zp + 128``
   for int8 activations, which the kernel reads as uint8 ``x ^ 0x80``), the row term
   ``- w_zp[n] * rowsum(a)[m]`` only where some ``w_zp`` is not 0.
@@ -22,8 +23,13 @@ from ...tensor_ir.kernel import Buffer
 from ...tensor_ir.qgemm import QGemmSpec, QGemmStage, weight_matrix
 
 NR = 16
-PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3}
-BYTE_PATHS = ("vnni", "avx2-u8s8")  # uint8 activations x int8 weights, quads of k
+PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3, "amx": 2}
+BYTE_PATHS = ("vnni", "avx2-u8s8", "amx")  # uint8 activations x int8 weights, quads of k
+
+
+def k_unit(path: str) -> int:
+    """What k is padded to: pairs (int16), quads (bytes), or whole 64-byte AMX tile rows."""
+    return 64 if path == "amx" else 4 if path in BYTE_PATHS else 2
 OUT_CODE = {"float32": 0, "uint8": 1, "int8": 2}
 
 
@@ -32,7 +38,7 @@ def kernel_path(spec: QGemmSpec, w: np.ndarray, path: str) -> str:
     whose every pair along k has ``|w0| + |w1| <= 128`` (7-bit weights) take ``avx2-u8s8``:
     ``vpmaddubsw`` (32 products per instruction) cannot saturate on them, so it is exact and
     about 1.3x faster than widening to int16; other weights widen (``avx2``)."""
-    if path in ("vnni", "avx2") and w.dtype != np.int8:
+    if path in ("amx", "vnni", "avx2") and w.dtype != np.int8:
         return "avx2"
     if path == "avx2":
         wm = np.abs(weight_matrix(spec, w).astype(np.int32))
@@ -49,7 +55,7 @@ def pack(spec: QGemmSpec, w, w_zp, bias, mult, offset, path: str) -> dict[str, n
     ``zw``."""
     wm = weight_matrix(spec, w).astype(np.int32)
     k, n = wm.shape
-    unit = 4 if path in BYTE_PATHS else 2
+    unit = k_unit(path)
     kp, np_ = -(-k // unit) * unit, -(-n // NR) * NR
     zw = np.zeros(np_, np.int32)
     zw[:n] = w_zp
@@ -101,7 +107,7 @@ def pack_kernel(k, step: dict, plan, target_path: str):
 def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     """The call of ``dp_qgemm`` for one stage; ``names`` maps its packed inputs to C names."""
     s = st.spec
-    unit = 4 if s.path in BYTE_PATHS else 2
+    unit = k_unit(s.path)
     kp, np_ = -(-s.k // unit) * unit, -(-s.n // NR) * NR
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
