@@ -214,6 +214,21 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
   for (int64_t r = 0; r < rows; r++) {
     const int64_t base = obase[r] + n0 * g->os_ch;
     const int32_t rs = zw ? rsum[r] : 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (cols == DP_QNR && g->os_ch == 1) {  /* the 16 columns in one vector */
+      __m512i t = _mm512_add_epi32(_mm512_loadu_si512((const void*)(acc + r * 16)),
+                                   _mm512_loadu_si512((const void*)(corr + n0)));
+      if (zw) t = _mm512_sub_epi32(t, _mm512_mullo_epi32(
+          _mm512_loadu_si512((const void*)(zw + n0)), _mm512_set1_epi32(rs)));
+      __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_loadu_ps(mult + n0)),
+                               _mm512_loadu_ps(off + n0));
+      if (g->out_kind == 0) { _mm512_storeu_ps((float*)out + base, v); continue; }
+      __m512i qi = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(g->out_zp));
+      qi = _mm512_min_epi32(_mm512_max_epi32(qi, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
+      _mm_storeu_si128((__m128i*)((char*)out + base), _mm512_cvtepi32_epi8(qi));
+      continue;
+    }
+#endif
 #ifdef __AVX2__
     if (cols == DP_QNR && g->os_ch == 1) {
       __m256i q[2];

@@ -27,9 +27,13 @@ PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3, "amx": 2}
 BYTE_PATHS = ("vnni", "avx2-u8s8", "amx")  # uint8 activations x int8 weights, quads of k
 
 
-def k_unit(path: str) -> int:
-    """What k is padded to: pairs (int16), quads (bytes), or whole 64-byte AMX tile rows."""
-    return 64 if path == "amx" else 4 if path in BYTE_PATHS else 2
+def padded_k(path: str, k: int) -> int:
+    """k padded to pairs (int16), quads (bytes) or, on amx, whole 64-byte tile rows where that
+    adds at most an eighth (a 7 x 7 x 3 stem keeps quads and the vnni kernels)."""
+    if path == "amx" and (-k) % 64 * 8 <= k:
+        return -(-k // 64) * 64
+    unit = 4 if path in BYTE_PATHS else 2
+    return -(-k // unit) * unit
 OUT_CODE = {"float32": 0, "uint8": 1, "int8": 2}
 
 
@@ -55,8 +59,7 @@ def pack(spec: QGemmSpec, w, w_zp, bias, mult, offset, path: str) -> dict[str, n
     ``zw``."""
     wm = weight_matrix(spec, w).astype(np.int32)
     k, n = wm.shape
-    unit = k_unit(path)
-    kp, np_ = -(-k // unit) * unit, -(-n // NR) * NR
+    kp, np_ = padded_k(path, k), -(-n // NR) * NR
     zw = np.zeros(np_, np.int32)
     zw[:n] = w_zp
     corr = np.zeros(np_, np.int64)
@@ -107,8 +110,7 @@ def pack_kernel(k, step: dict, plan, target_path: str):
 def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     """The call of ``dp_qgemm`` for one stage; ``names`` maps its packed inputs to C names."""
     s = st.spec
-    unit = k_unit(s.path)
-    kp, np_ = -(-s.k // unit) * unit, -(-s.n // NR) * NR
+    kp, np_ = padded_k(s.path, s.k), -(-s.n // NR) * NR
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
             OUT_CODE[s.out], PATH_CODE[s.path]]
