@@ -463,8 +463,13 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
 #endif
   int64_t nsplit = 1;
   while (mblocks * nsplit < 4 * threads && nsplit * 2 <= panels) nsplit *= 2;
+  /* a tile's columns: whole pairs of panels (the 512-bit and AMX kernels take two), and whole
+     64-byte lines of a channels-last output row (4 panels of bytes), or the threads that store
+     neighbouring columns of a row would share its cache lines (false sharing) */
+  const int64_t line = g->os_ch == 1 && g->out_kind != 0 ? 4 : 2;
   int64_t ppt = (panels + nsplit - 1) / nsplit;
-  ppt += ppt % 2 && ppt < panels;  /* whole pairs of panels for the 512-bit kernel */
+  ppt = (ppt + line - 1) / line * line;
+  ppt = ppt > panels ? panels : ppt;
   nsplit = (panels + ppt - 1) / ppt;
   const int big = g->m * g->n * g->kp > 65536;
 #pragma omp parallel if (big && (mblocks * nsplit > 1 || g->m > ch))
