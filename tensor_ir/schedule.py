@@ -186,7 +186,7 @@ def rule_contraction(stage: Stage) -> StageSchedule | None:
     # so the innermost loop streams contiguous output and input rows (vectorizes). A max/min
     # window (pooling) takes the same form only where its input is contiguous along the
     # innermost output variable (channels-last): elsewhere those loops would gather.
-    red = single_reduce(stage)
+    red = single_reduce(stage) or integer_window(stage)
     if red is None or not stage.extents:
         return None
     if red.op is not R.SUM and not any(
@@ -202,6 +202,14 @@ def rule_contraction(stage: Stage) -> StageSchedule | None:
     parallel = (_collapse(stage.extents, outer)
                 if outer and parallel_work(stage) >= PARALLEL_MIN_WORK else 0)
     return StageSchedule(parallel=parallel, reduce_outer=outer)
+
+
+def integer_window(stage: Stage) -> Reduce | None:
+    """An integer max or min pool that is the whole body (a QDQ model's max pool on bytes)."""
+    red = stage.body
+    ok = (isinstance(red, Reduce) and red.op in (R.MAX, R.MIN) and red.dtype.is_int
+          and not red.dtype.is_narrow and stage.store_index is None)
+    return red if ok else None
 
 
 def single_sum(stage: Stage, narrow_out: bool = False) -> Reduce | None:

@@ -225,6 +225,24 @@ def test_conv_nchw_target():
     check(model, x, sy, "x86_64-avx2")
 
 
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_max_pool_on_bytes(act):
+    # Q -> DQ -> MaxPool -> Q: the pool runs on the bytes (an integer window, channels-last
+    # loops innermost), exactly as ONNX Runtime's float execution of the same graph
+    sx, zx = _qparams(-3.0, 3.5, act)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("MaxPool", ["xd"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["p", "sx", "zx"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "sx", "zx"], ["out"])]
+    model = make_model(nodes, [("x", np.float32, [1, 24, 15, 13])], [("out", np.float32, None)],
+                       {"sx": sx, "zx": np.array(zx, act)}, opset=17)
+    x = RNG.uniform(-3.0, 3.5, (1, 24, 15, 13)).astype(np.float32)
+    art = deploy.compile(model, target="host")
+    np.testing.assert_array_equal(art.load().run({"x": x})[0], run_ort(model, {"x": x})[0])
+
+
 def test_int8_path_follows_the_isa():
     from deploy.targets.target import int8_path
     cpu = load_target("x86_64-avx512")

@@ -39,6 +39,7 @@ from ...tensor_ir.qgemm import QGemmStage
 from ...tensor_ir.schedule import (
     PARALLEL_MIN_WORK,
     StageSchedule,
+    integer_window,
     single_reduce,
     single_sum,
     stage_work,
@@ -230,7 +231,7 @@ class CRenderer:
         """out[o, i] = epi(sum_r body) ->
         for o: { out[o, :] = 0; for r: for i: out[o, i] += body; for i: out[o, i] = epi(out[o, i]) }
         (max and min likewise, from their identities)."""
-        red = single_reduce(st)
+        red = single_reduce(st) or integer_window(st)
         n_outer = sched.reduce_outer
         ovars, ivars = st.vars[:n_outer], st.vars[n_outer:]
         lines: list[str] = []
@@ -239,7 +240,9 @@ class CRenderer:
         ctype = compute_type(out.dtype)
         target = f"{_ident(out.name)}[{self.flat(out, st.vars)}]"
         d2 = self._open_loops(lines, ivars, out.shape[n_outer:], 0, ind)
-        lines.append("  " * (depth + d2 + 1) + f"{target} = ({ctype}){REDUCE_INIT[red.op]};")
+        init = (REDUCE_INIT[red.op] if red.dtype.is_float
+                else INT_LIMITS[red.dtype][0 if red.op is R.MAX else 1])
+        lines.append("  " * (depth + d2 + 1) + f"{target} = ({ctype}){init};")
         self._close_loops(lines, d2, depth)
         rvars = [v for v, _ in red.vars]
         d3 = self._open_loops(lines, rvars, [e for _, e in red.vars], 0, ind)
