@@ -48,6 +48,10 @@ SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "int8": ((str,), False, ("integer kernels for int8 QDQ contractions: vnni, avx2, scalar "
                              "or none (CPU), mma or none (GPU); absent = chosen from isa "
                              "(int8_path)")),
+    "bf16": ((str,), False, ("CPU contractions under --dtype bf16: dot (packed bf16 weights, "
+                             "AMX / AVX512-BF16 dot products where compiled for them) or none "
+                             "(bf16 storage, float32 loops); absent = dot where the ISA has "
+                             "avx512_bf16 or amx_bf16 (bf16_path)")),
 }
 KINDS = {"cpu", "gpu"}
 BACKENDS = {"cpu": {"c"}, "gpu": {"triton", "cuda"}}
@@ -56,6 +60,9 @@ PEAK_DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 VECTOR_BITS = {128, 256, 512}
 WARP_SIZES = {32, 64}
 INT8_PATHS = {"cpu": ("amx", "vnni", "avx2", "scalar", "none"), "gpu": ("mma", "none")}
+BF16_PATHS = ("dot", "none")
+HOST_ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
+            "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd")  # read off /proc/cpuinfo
 GPU_ARCH = {"nvidia": re.compile(r"sm_\d+a?$"), "amd": re.compile(r"gfx[0-9a-f]+$")}
 GPU_REQUIRED = ("warp_size", "sm_count", "shared_mem_per_block")
 
@@ -86,12 +93,26 @@ class Target:
     preferred_layout: str = "NCHW"
     cc_flags: tuple[str, ...] = ()
     int8: str = ""
+    bf16: str = ""
     source: str = field(default="", compare=False)
 
     def int8_path(self, isa=None) -> str:
         """Which int8 contraction kernels this target runs (``int8_path``); ``isa`` is the
         detected feature list for ``native`` targets (the backend reads the host's)."""
         return int8_path(self, self.isa if isa is None else isa)
+
+    def cpu_isa(self) -> tuple[str, ...]:
+        """The ISA features kernels may use: the ``isa`` key, or this CPU's for ``native``
+        targets without one."""
+        return self.isa if self.isa or self.arch != "native" else tuple(host_isa())
+
+    def bf16_path(self) -> str:
+        """``dot`` where ``--dtype bf16`` contractions take the packed bf16 kernels
+        (backends/c/qgemm.h), else ``none``: the ``bf16`` key, or ``dot`` on CPUs whose ISA
+        has bf16 dot products (``avx512_bf16``, ``amx_bf16``)."""
+        if self.bf16 or self.kind != "cpu":
+            return self.bf16 or "none"
+        return "dot" if {"avx512_bf16", "amx_bf16"} & set(self.cpu_isa()) else "none"
 
     def features(self) -> dict:
         """What kernels depend on; the key of tuning records (never the machine's name)."""
@@ -128,6 +149,15 @@ def int8_path(target: Target, isa) -> str:
     if "avx_vnni" in isa or {"avx512_vnni", "avx512vl"} <= isa:
         return "vnni"
     return "avx2" if "avx2" in isa else "scalar"
+
+
+def host_isa() -> list[str]:
+    """The ``HOST_ISA`` features this CPU has (empty where /proc/cpuinfo cannot be read)."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    return [f for f in HOST_ISA if f in flags]
 
 
 def list_targets() -> list[str]:
@@ -287,6 +317,9 @@ def _check_values(data: dict) -> list[str]:
     if data.get("int8", "none") not in paths:
         problems.append(f"key 'int8' must be one of {list(paths)} on a {kind} target, got "
                         f"{_short(data['int8'])}")
+    if data.get("bf16", "none") not in BF16_PATHS:
+        problems.append(f"key 'bf16' must be one of {list(BF16_PATHS)}, got "
+                        f"{_short(data['bf16'])}")
     problems += _check_numbers(data)
     for key, accepted in (("vector_bits", VECTOR_BITS), ("warp_size", WARP_SIZES)):
         if key in data and data[key] not in accepted:  # (tuning-record keys, on any kind)

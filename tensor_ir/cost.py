@@ -69,10 +69,10 @@ def kernel_cost(k: Kernel, constants: dict | None = None) -> Cost:
         k = fuse_attention(k, constants)
     flops, loaded, peak = 0, {}, None
     for st in k.stages:
-        if isinstance(st, QGemmStage):  # int8 multiply-adds; every input read once
+        if isinstance(st, QGemmStage):  # int8 / bf16 multiply-adds; every input read once
             flops = st.flops + flops
             loaded.update({b.name: None for b in k.inputs})
-            peak = peak or "int8"
+            peak = peak or st.spec.kind  # (int8 or bf16 dot products)
             continue
         if isinstance(st, AttentionStage):
             flops = _attention_flops(st) + flops

@@ -362,7 +362,7 @@ CALL_OPS = frozenset({U.EXP, U.LOG, U.SIN, U.COS, U.TAN, U.ASIN, U.ACOS, U.ATAN,
 def point_cost(e: Expr) -> int:
     """Arithmetic per point of a body, in simple-op units, each distinct node once (as the C
     compiler's CSE sees it; index arithmetic not counted): a math-library call counts 8, a
-    division 4. A fused QDQ chain (BERT's GELU between a DequantizeLinear and a
+    division 4, a rounding to bf16 / fp16 8. A fused QDQ chain (BERT's GELU between a DequantizeLinear and a
     QuantizeLinear) costs about 100, an add 1."""
     seen, todo, cost = set(), [e], 0
     while todo:
@@ -374,10 +374,17 @@ def point_cost(e: Expr) -> int:
             cost += 8
         elif isinstance(x, Binary) and x.op in (B.DIV, B.FMOD, B.PYMOD):
             cost += 4
+        elif _half_cast(x):
+            cost += 8
         else:
             cost += 1
         todo.extend(children(x))
     return cost
+
+
+def _half_cast(e: Expr) -> bool:
+    """A cast to bf16 / fp16: a rounding of several integer ops, and a store's conversion."""
+    return isinstance(e, Cast) and e.dtype in (DType.bfloat16, DType.float16)
 
 
 def _small_int(dtype: DType) -> bool:

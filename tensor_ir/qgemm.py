@@ -1,4 +1,5 @@
-"""Integer contractions (``QMatMul``, ``QConv``) as one templated stage: ``QGemmStage``.
+"""Integer contractions (``QMatMul``, ``QConv``) and packed bf16 ones (``PackedMatMul``,
+``PackedConv``) as one templated stage: ``QGemmStage``.
 
 Both are ``out[m, n] = epilogue(sum_k (a[m, k] - x_zp) * (w[k, n] - w_zp[n]))`` with ``m`` the
 output rows (a MatMul's rows; a convolution's output pixels, image by image), ``k`` the
@@ -6,7 +7,9 @@ reduction (a convolution's window taps times input channels, in HWC order) and `
 channels. ``QGemmSpec`` holds that geometry as numbers: how row ``m``'s ``k``-th activation is
 read from ``x`` (strides, window, padding, so a convolution packs its im2col rows on the fly) and
 where ``out[m, n]`` is stored. Backends render the stage with a template of their own
-(``backends/c/qgemm.py``); the weight is packed for the kernel at compile time there.
+(``backends/c/qgemm.py``); the weight is packed for the kernel at compile time there. A bf16
+stage (``kind="bf16"``) has no zero points; its epilogue adds a float32 bias, optionally a
+residual of the output's shape and layout, and clamps to ``[lo, hi]`` (``act="clip"``).
 """
 from __future__ import annotations
 
@@ -40,6 +43,11 @@ class QGemmSpec:
     out_strides: tuple[int, int, int] = (0, 0, 1)  # image, pixel, channel
     weight_layout: str = "KN"  # the graph's weight: KN (a MatMul's), OIHW or HWIO
     path: str = ""  # the kernels that run it (the target's int8_path), set by the backend
+    kind: str = "int8"  # or "bf16"
+    act: str = "none"  # bf16: "clip" clamps to [lo, hi]
+    lo: float = 0.0
+    hi: float = 0.0
+    residual: bool = False  # bf16: the fourth input is added before the clamp
 
 
 @dataclass(frozen=True)
@@ -64,14 +72,19 @@ def _strides(shape) -> tuple[int, ...]:
 def qgemm_spec(ctx) -> QGemmSpec:
     """The spec of a QMatMul / QConv node being lowered (``ctx``: its ``LowerCtx``)."""
     node, x, out = ctx.node, ctx.ins[0], ctx.out
-    common = {"x_signed": x.dtype is DType.int8, "x_zp": int(ctx.attr("x_zp")),
-              "out": ctx.attr("out_dtype"), "out_zp": int(ctx.attr("out_zp"))}
-    if node.op.name == "QMatMul":
+    if node.op.name.startswith("Packed"):
+        common = {"x_signed": False, "x_zp": 0, "out": "bfloat16", "out_zp": 0, "kind": "bf16",
+                  "act": ctx.attr("act"), "lo": float(ctx.attr("lo")),
+                  "hi": float(ctx.attr("hi")), "residual": len(ctx.ins) > 3}
+    else:
+        common = {"x_signed": x.dtype is DType.int8, "x_zp": int(ctx.attr("x_zp")),
+                  "out": ctx.attr("out_dtype"), "out_zp": int(ctx.attr("out_zp"))}
+    if node.op.name in ("QMatMul", "PackedMatMul"):
         k, n = ctx.ins[1].shape
         m = x.numel // k
         return QGemmSpec(m=m, n=n, k=k, c=k, weight_layout="KN", x_strides=(k, 0, 0, 1), out_strides=(n, 0, 1),
                          **common)
-    nhwc = ctx.attr("layout") == "NHWC"
+    nhwc = node.op.name == "PackedConv" or ctx.attr("layout") == "NHWC"
     if nhwc:
         nb, ih, iw, c = x.shape
         kh, kw, _, n = ctx.ins[1].shape

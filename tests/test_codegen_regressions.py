@@ -1,12 +1,25 @@
 """Generated-code patterns that once miscompiled or ran slowly, built and run for real."""
 import ctypes
+import math
 
 import numpy as np
 from deploy.backends.c.render import CRenderer
 from deploy.backends.c.toolchain import build_shared_library
 from deploy.graph_ir.types import DType
 from deploy.targets import load_target
-from deploy.tensor_ir.expr import B, U, binary, cast, const, exact_int_roundtrip, select, unary
+from deploy.tensor_ir.expr import (
+    B,
+    R,
+    Reduce,
+    U,
+    Var,
+    binary,
+    cast,
+    const,
+    exact_int_roundtrip,
+    select,
+    unary,
+)
 from deploy.tensor_ir.kernel import Buffer, Kernel, compute
 from deploy.tensor_ir.schedule import default_schedule
 
@@ -147,3 +160,66 @@ def test_threads_follow_arithmetic_not_only_points():
         return default_schedule(Kernel("k", [x_b], [o_b], [], [compute(o_b, fn)]))[0]
     assert not sched(lambda *v: x_b[v] * const(2.0, f32)).parallel
     assert sched(lambda *v: _qdq(_qdq(x_b[v], 0.02, 122.0), 0.03, 9.0)).parallel
+
+
+def test_erf_without_library_call_is_accurate(tmp_path):
+    # Erf renders as dp_erff (a rational fit, no libm call, so GELU loops vectorize): within
+    # 4e-7 of the exact erf everywhere, +-1 past +-4, NaN kept
+    n = 20011
+    f32 = DType.float32
+    x_b, o_b = Buffer("x", (n,), f32), Buffer("o", (n,), f32)
+    kernel = Kernel("k_erf", [x_b], [o_b], [], [compute(o_b, lambda i: unary(U.ERF, x_b[i]))])
+    src = CRenderer().kernel(kernel, default_schedule(kernel))
+    assert "dp_erff(" in src and "erff(" not in src.replace("dp_erff(", "")
+    x = np.random.default_rng(5).uniform(-6, 6, n).astype(np.float32)
+    x[:5] = [np.nan, np.inf, -np.inf, 0.0, 1e-30]
+    out = np.zeros_like(x)
+    _run(kernel, [x, out], tmp_path)
+    ref = np.array([math.erf(v) if np.isfinite(v) else np.sign(v) if np.isinf(v) else np.nan
+                    for v in x.astype(np.float64)])
+    np.testing.assert_allclose(out, ref, rtol=0, atol=4e-7)
+    assert np.isnan(out[0])
+
+
+def test_half_max_pool_and_sum_run_channels_innermost(tmp_path):
+    # a bf16 max pool keeps its running max in the output (exact); a bf16 global average pool
+    # sums in a float row: both take the reduce-outer loops (channels innermost, vectorized)
+    import ml_dtypes
+    bf16, f32 = DType.bfloat16, DType.float32
+    x_b = Buffer("x", (1, 6, 6, 64), bf16)
+    m_b, s_b = Buffer("m", (1, 3, 3, 64), bf16), Buffer("s", (1, 1, 1, 64), bf16)
+    r0, r1 = (Var("r0", DType.int64), 2), (Var("r1", DType.int64), 2)
+    pool = compute(m_b, lambda n, h, w, c: Reduce(R.MAX, (r0, r1), x_b[n, h * 2 + r0[0],
+                                                                         w * 2 + r1[0], c], bf16))
+    a0, a1 = (Var("a0", DType.int64), 6), (Var("a1", DType.int64), 6)
+    mean = compute(s_b, lambda n, h, w, c: cast(Reduce(R.SUM, (a0, a1), cast(
+        x_b[n, a0[0], a1[0], c], f32), f32) * const(1 / 36, f32), bf16))
+    for name, stage, out_b in (("max", pool, m_b), ("mean", mean, s_b)):
+        kernel = Kernel(f"k_{name}", [x_b], [out_b], [], [stage])
+        sched = default_schedule(kernel)
+        assert sched[0].reduce_outer == 3, sched
+        x = np.random.default_rng(6).standard_normal(x_b.shape).astype(ml_dtypes.bfloat16)
+        out = np.zeros(out_b.shape, np.uint16)
+        (tmp_path / name).mkdir()
+        _run(kernel, [x.view(np.uint16), out], tmp_path / name)
+        xf = x.astype(np.float32)
+        ref = (xf.reshape(1, 3, 2, 3, 2, 64).max((2, 4)) if out_b is m_b else
+               (xf.sum((1, 2), keepdims=True) * np.float32(1 / 36)))
+        got = out.view(ml_dtypes.bfloat16).astype(np.float32)
+        np.testing.assert_allclose(got, ref.astype(ml_dtypes.bfloat16).astype(np.float32),
+                                   rtol=1e-2 if out_b is s_b else 0, atol=0)
+
+
+def test_normalization_tail_stages_share_the_rows():
+    # a LayerNorm's elementwise stages run in parallel once its statistics do (row dot
+    # products): 128 x 768 is below the generic threshold but not the rows'
+    f32 = DType.float32
+    x_b, o_b = Buffer("x", (128, 768), f32), Buffer("o", (128, 768), f32)
+    m_b = Buffer("m", (128,), f32)
+    k = Var("k", DType.int64)
+    stat = compute(m_b, lambda i: Reduce(R.SUM, ((k, 768),), x_b[i, k], f32))
+    norm = compute(o_b, lambda i, j: x_b[i, j] - m_b[i])
+    kernel = Kernel("k_ln", [x_b], [o_b], [m_b], [stat, norm])
+    assert default_schedule(kernel)[1].parallel, default_schedule(kernel)
+    alone = Kernel("k_sub", [x_b, m_b], [o_b], [], [norm])
+    assert not default_schedule(alone)[0].parallel

@@ -49,10 +49,14 @@ def _up(n):
 
 
 def supported(st: AttentionStage) -> bool:
-    """fp32 operands only (half-precision models keep the generic stages on CPUs)."""
+    """fp32 operands, or bf16 / fp16 ones (``half``: widened to float32 as K and V are packed
+    and q is read; the scores and p stay float32, which rounds less than the graph's half p);
+    head sizes fixed."""
     sp = st.spec
-    return (sp.half is None and all(e.dtype is DType.float32 for e in (sp.q, sp.k, sp.v))
-            and isinstance(sp.dk, int) and isinstance(sp.dv, int))  # head sizes fixed
+    want = sp.half or DType.float32
+    return (sp.half in (None, DType.bfloat16, DType.float16)
+            and all(e.dtype is want for e in (sp.q, sp.k, sp.v))
+            and isinstance(sp.dk, int) and isinstance(sp.dv, int))
 
 
 def render_attention(r, st: AttentionStage, out_ident: str) -> list[str]:

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from ...progress import Progress
+from ...targets.target import host_isa
 from ...tensor_ir.attention import AttentionStage, fuse_attention
 from ...tensor_ir.cost import kernel_cost
 from ...tensor_ir.expr import Load, walk
@@ -65,22 +66,12 @@ def target_features(tgt) -> dict:
     made here apply on any machine with the same vector features."""
     feats = tgt.features()
     if tgt.arch == "native":
-        feats = dict(feats, arch=_host_isa_level(), isa=_host_isa())
+        feats = dict(feats, arch=_host_isa_level(), isa=host_isa())
     return feats
 
 
-def _host_isa() -> list[str]:
-    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
-              "avx_vnni", "amx_tile", "amx_int8", "asimd")
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return []
-    return [f for f in wanted if f in flags]
-
-
 def _host_isa_level() -> str:
-    isa = set(_host_isa())
+    isa = set(host_isa())
     return "x86-64-v4" if "avx512f" in isa else "x86-64-v3" if "avx2" in isa else \
         platform.machine()
 

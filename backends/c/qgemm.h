@@ -14,8 +14,12 @@
        same packing runs through an exact AVX2 emulation (so the path is testable anywhere).
      3 avx2-u8s8: the vnni packing with vpmaddubsw + vpmaddwd(1) for vpdpbusd, for weights
        whose pairs fit int16 sums (7-bit weights, as quantize_static(reduce_range) makes).
+     4 bf16 (a bf16 stage): a and w as bf16 pairs along k, float32 sums: AMX's tdpbf16ps
+       where compiled for it (and the OS grants the tiles), else AVX512-BF16's vdpbf16ps,
+       else the same products widened to float32 (exact; testable anywhere).
    Epilogue: v = float(acc + corr[n]) * mult[n] + off[n]; float32 out, or
-   saturate(round_half_even(v) + out_zp) as uint8 / int8. */
+   saturate(round_half_even(v) + out_zp) as uint8 / int8. bf16: v = acc + off[n] (+ the
+   residual), clamped to [lo, hi] where act is set, rounded to bf16 (to nearest even). */
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -25,6 +29,9 @@
 
 #define DP_QMR 6
 #define DP_QNR 16
+#ifndef DP_QTILES
+#define DP_QTILES 4  /* tiles per thread the column split aims at (dynamic balance) */
+#endif
 
 typedef struct {
   int64_t m, n, kp, np;                        /* rows, columns, k padded, columns padded */
@@ -32,8 +39,20 @@ typedef struct {
   int64_t xs_img, xs_h, xs_w, xs_c;            /* input strides (elements) */
   int64_t os_img, os_pix, os_ch;               /* output strides */
   int32_t x_zp, out_zp;
-  int x_signed, out_kind, path;                /* out_kind: 0 float32, 1 uint8, 2 int8 */
+  int x_signed, out_kind, path;                /* out_kind: 0 float32, 1 uint8, 2 int8, 3 bf16 */
+  int act;                                     /* bf16: clamp to [lo, hi] */
+  float lo, hi;
 } dp_qgeom;
+
+/* the pointers of one call: packed weight, epilogue vectors, residual (bf16), output */
+typedef struct {
+  const void* bp;
+  const int32_t* corr;
+  const float *mult, *off;
+  const int32_t* zw;
+  const uint16_t* res;
+  void* out;
+} dp_qargs;
 
 /* the input element of row m at window tap (ky, kx), or -1 outside the image (padding) */
 static inline int64_t dp_q_tap(const dp_qgeom* g, int64_t img, int64_t oy, int64_t ox, int64_t ky,
@@ -72,6 +91,31 @@ static void dp_q_row16(const dp_qgeom* g, const void* x, int64_t m, int16_t* row
         if (sc == 1) for (int64_t i = 0; i < c; i++) r[i] = (int16_t)(s[i] - zx);
         else for (int64_t i = 0; i < c; i++) r[i] = (int16_t)(s[i * sc] - zx);
       }
+    }
+  }
+  for (; k < g->kp; k++) row[k] = 0;
+}
+
+/* row m as bf16 bits (path 4); padding and k padding 0 */
+static void dp_q_rowbf(const dp_qgeom* g, const void* x, int64_t m, uint16_t* row) {
+  int64_t pix = g->oh * g->ow, img = m / pix, p = m % pix, oy = p / g->ow, ox = p % g->ow, k = 0;
+  const int64_t c = g->c, sc = g->xs_c;
+  const uint16_t* xs = (const uint16_t*)x;
+  const int64_t ix0 = ox * g->sw - g->pw, run = g->kw * c;
+  const int dense = sc == 1 && g->xs_w == c && g->dw == 1 && ix0 >= 0 && ix0 + g->kw <= g->iw;
+  for (int64_t ky = 0; ky < g->kh; ky++) {
+    int64_t base = dense ? dp_q_tap(g, img, oy, ox, ky, 0) : -1;
+    if (base >= 0) {  /* the window's row is one contiguous run of kw * c inputs */
+      memcpy(row + k, xs + base, (size_t)run * 2);
+      k += run;
+      continue;
+    }
+    for (int64_t kx = 0; kx < g->kw; kx++, k += c) {
+      int64_t base = dp_q_tap(g, img, oy, ox, ky, kx);
+      uint16_t* r = row + k;
+      if (base < 0) memset(r, 0, (size_t)c * 2);
+      else if (sc == 1) memcpy(r, xs + base, (size_t)c * 2);
+      else for (int64_t i = 0; i < c; i++) r[i] = xs[base + i * sc];
     }
   }
   for (; k < g->kp; k++) row[k] = 0;
@@ -205,6 +249,102 @@ DP_QMICRO8(dp_q_micro_vnni, DP_QDOT)
 DP_QMICRO8(dp_q_micro_u8s8, DP_QDOT7)
 #endif
 
+/* ---- bf16 micro-kernels (path 4): float acc[DP_QMR][DP_QNR] over kq pairs of k; row r's pair
+   q is the word at a + r * lda + 4 * q (k in the low half), column j's pair at b[2 * (16q + j)] */
+static inline float dp_bf_lo(uint32_t w) { return dp_bf16_to_f32((uint16_t)w); }
+static inline float dp_bf_hi(uint32_t w) { return dp_bf16_to_f32((uint16_t)(w >> 16)); }
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define DP_BDECL(r) __m256 e##r##a = _mm256_setzero_ps(), e##r##b = _mm256_setzero_ps();
+#define DP_BFMA(r) { const uint32_t w_ = (uint32_t)dp_q_word(ak + r * lda); \
+  const __m256 lo_ = _mm256_set1_ps(dp_bf_lo(w_)), hi_ = _mm256_set1_ps(dp_bf_hi(w_)); \
+  e##r##a = _mm256_fmadd_ps(lo_, b0e, _mm256_fmadd_ps(hi_, b0o, e##r##a)); \
+  e##r##b = _mm256_fmadd_ps(lo_, b1e, _mm256_fmadd_ps(hi_, b1o, e##r##b)); }
+#define DP_BSTORE(r) _mm256_storeu_ps(acc + r * 16, e##r##a); \
+  _mm256_storeu_ps(acc + r * 16 + 8, e##r##b);
+/* the pairs widened to float32: even k = word << 16, odd k = word & 0xffff0000 */
+static inline __m256 dp_bf_even(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
+static inline __m256 dp_bf_odd(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u)));
+}
+static void dp_q_micro_bf16(const char* a, int64_t lda, const uint16_t* b, int64_t kq, float* acc) {
+  DP_QROWS(DP_BDECL)
+  for (int64_t q = 0; q < kq; q++) {
+    const __m256i w0 = _mm256_loadu_si256((const __m256i*)(b + q * 32));
+    const __m256i w1 = _mm256_loadu_si256((const __m256i*)(b + q * 32 + 16));
+    const __m256 b0e = dp_bf_even(w0), b0o = dp_bf_odd(w0), b1e = dp_bf_even(w1), b1o = dp_bf_odd(w1);
+    const char* ak = a + 4 * q;
+    DP_QROWS(DP_BFMA)
+  }
+  DP_QROWS(DP_BSTORE)
+}
+#else
+static void dp_q_micro_bf16(const char* a, int64_t lda, const uint16_t* b, int64_t kq, float* acc) {
+  float t[DP_QMR * DP_QNR] = {0};
+  for (int64_t q = 0; q < kq; q++) {
+    const uint16_t* bq = b + q * 2 * DP_QNR;
+    for (int r = 0; r < DP_QMR; r++) {
+      const uint32_t w = (uint32_t)dp_q_word(a + r * lda + 4 * q);
+      const float lo = dp_bf_lo(w), hi = dp_bf_hi(w);
+      for (int j = 0; j < DP_QNR; j++)
+        t[r * DP_QNR + j] += lo * dp_bf16_to_f32(bq[2 * j]) + hi * dp_bf16_to_f32(bq[2 * j + 1]);
+    }
+  }
+  memcpy(acc, t, sizeof t);
+}
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+/* two panels (32 columns) per call on vdpbf16ps: 12 accumulators cover its latency */
+#define DP_B512 1
+#define DP_B512DECL(r) __m512 f##r##a = _mm512_setzero_ps(), f##r##b = _mm512_setzero_ps();
+#define DP_B512DOT(r) { const __m512bh v = (__m512bh)_mm512_set1_epi32(dp_q_word(ak + r * lda)); \
+  f##r##a = _mm512_dpbf16_ps(f##r##a, v, b0); f##r##b = _mm512_dpbf16_ps(f##r##b, v, b1); }
+#define DP_B512STORE(r) _mm512_storeu_ps(acc + r * 16, f##r##a); \
+  _mm512_storeu_ps(acc + DP_QMR * DP_QNR + r * 16, f##r##b);
+static void dp_q_micro_bf512x2(const char* a, int64_t lda, const uint16_t* p0, const uint16_t* p1,
+                               int64_t kq, float* acc) {
+  DP_QROWS(DP_B512DECL)
+  for (int64_t q = 0; q < kq; q++) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void*)(p0 + q * 32));
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void*)(p1 + q * 32));
+    const char* ak = a + 4 * q;
+    DP_QROWS(DP_B512DOT)
+  }
+  DP_QROWS(DP_B512STORE)
+}
+#endif
+
+/* ---- bf16 epilogue: rows [0, rows) of one 16-column panel at n0 ---- */
+static void dp_b_store(const dp_qgeom* g, const float* acc, const int64_t* obase, int64_t rows,
+                       int64_t n0, const float* off, const uint16_t* res, void* out) {
+  const int64_t cols = g->n - n0 < DP_QNR ? g->n - n0 : DP_QNR;
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t base = obase[r] + n0 * g->os_ch;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (cols == DP_QNR && g->os_ch == 1) {  /* the 16 columns in one vector */
+      __m512 v = _mm512_add_ps(_mm512_loadu_ps(acc + r * 16), _mm512_loadu_ps(off + n0));
+      if (res) v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+          _mm256_loadu_si256((const __m256i*)(res + base))), 16)));
+      if (g->act) v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(g->lo)), _mm512_set1_ps(g->hi));
+      if (g->out_kind == 0) { _mm512_storeu_ps((float*)out + base, v); continue; }
+#ifdef __AVX512BF16__
+      _mm256_storeu_si256((__m256i*)((uint16_t*)out + base), (__m256i)_mm512_cvtneps_pbh(v));
+      continue;
+#endif
+    }
+#endif
+    for (int64_t j = 0; j < cols; j++) {
+      const int64_t o = base + j * g->os_ch;
+      float v = acc[r * DP_QNR + j] + off[n0 + j];
+      if (res) v += dp_bf16_to_f32(res[o]);
+      if (g->act) v = v < g->lo ? g->lo : v > g->hi ? g->hi : v;
+      if (g->out_kind == 0) ((float*)out)[o] = v;
+      else ((uint16_t*)out)[o] = dp_f32_to_bf16(v);
+    }
+  }
+}
+
 /* ---- epilogue: rows [m0, m0 + rows) of one 16-column panel at n0 ---- */
 static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* obase, int64_t rows,
                        int64_t n0, const int32_t* corr, const float* mult, const float* off,
@@ -287,33 +427,59 @@ static void dp_q_micro_vnni512x2(const char* a, int64_t lda, const int8_t* p0, c
 }
 #endif
 
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__linux__)
-/* AMX (Sapphire Rapids and later): tdpbusd multiplies a 16 x 64 tile of uint8 rows by a 64 x 16
-   tile of int8 weights, which is 16 consecutive k-quads of a DP_QNR-column panel as packed for
-   vnni (64 bytes per quad); 2 x 2 tiles of 16 x 16 int32 sums cover 32 rows x 32 columns */
+/* one panel's epilogue: bf16 stages store floats, int8 ones requantize */
+static void dp_q_emit(const dp_qgeom* g, const int32_t* acc, const int64_t* obase, int64_t rows,
+                      int64_t n0, const dp_qargs* q, const int32_t* rsum) {
+  if (g->path == 4) dp_b_store(g, (const float*)acc, obase, rows, n0, q->off, q->res, q->out);
+  else dp_q_store(g, acc, obase, rows, n0, q->corr, q->mult, q->off, q->zw, rsum, q->out);
+}
+
+#if defined(__AMX_TILE__) && defined(__linux__) && (defined(__AMX_INT8__) || defined(__AMX_BF16__))
+/* AMX (Sapphire Rapids and later): a 16 x 64-byte tile of rows times a 64-byte x 16 tile of
+   the weight, which is 16 consecutive 32-bit units of a DP_QNR-column panel as packed for the
+   vector kernels (64 bytes per unit): tdpbusd (uint8 quads x int8) or tdpbf16ps (bf16 pairs);
+   2 x 2 tiles of 16 x 16 sums cover 32 rows x 32 columns */
 #include <sys/syscall.h>
 #include <unistd.h>
 #define DP_QAMX 1
 #define DP_QAMX_ROWS 32
+#ifdef __AMX_INT8__
+#define DP_AMX_I8 1
+#endif
+#ifdef __AMX_BF16__
+#define DP_AMX_BF 1
+#endif
 static int dp_q_amx_state = -1;  /* the kernel lets this process use the tile registers */
 static int dp_q_amx_usable(void) {
   if (dp_q_amx_state < 0)  /* arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) */
     dp_q_amx_state = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
   return dp_q_amx_state;
 }
+/* the path's tile product (tile numbers are immediates) */
+#define DP_AMX_DOT(bf, c, x, y) do { if (bf) DP_AMX_DOTBF(c, x, y); else DP_AMX_DOTI8(c, x, y); } while (0)
+#ifdef DP_AMX_BF
+#define DP_AMX_DOTBF(c, x, y) _tile_dpbf16ps(c, x, y)
+#else
+#define DP_AMX_DOTBF(c, x, y) ((void)0)
+#endif
+#ifdef DP_AMX_I8
+#define DP_AMX_DOTI8(c, x, y) _tile_dpbusd(c, x, y)
+#else
+#define DP_AMX_DOTI8(c, x, y) ((void)0)
+#endif
 
 static void dp_q_run_amx(const dp_qgeom* g, const char* a, int64_t lda, int in_place, int64_t rows,
-                         int64_t p0, int64_t p1, const void* bp, int64_t kq, const int32_t* corr,
-                         const float* mult, const float* off, const int32_t* zw,
-                         const int32_t* rsum, void* out, const int64_t* obase, char* tail) {
+                         int64_t p0, int64_t p1, int64_t kq, const dp_qargs* q,
+                         const int32_t* rsum, const int64_t* obase, char* tail) {
   unsigned char cfg[64] = {1};  /* palette 1; 8 tiles of 16 rows x 64 bytes */
   for (int t = 0; t < 8; t++) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
   _tile_loadconfig(cfg);
+  const int bf = g->path == 4;
   const int64_t rowb = kq * 4;
   int32_t acc[4][16 * 16];
   for (int64_t p = p0; p < p1; p += 2) {
     const int two = p + 1 < p1;
-    const char* b0 = (const char*)bp + p * kq * 64;
+    const char* b0 = (const char*)q->bp + p * kq * 64;
     const char* b1 = b0 + kq * 64;
     for (int64_t r0 = 0; r0 < rows; r0 += DP_QAMX_ROWS) {
       const int64_t rr = rows - r0 < DP_QAMX_ROWS ? rows - r0 : DP_QAMX_ROWS;
@@ -329,12 +495,12 @@ static void dp_q_run_amx(const dp_qgeom* g, const char* a, int64_t lda, int in_p
         _tile_loadd(4, ab + kk, ld);
         _tile_loadd(5, ab + 16 * ld + kk, ld);
         _tile_loadd(6, b0 + kk * 16, 64);
-        _tile_dpbusd(0, 4, 6);
-        _tile_dpbusd(2, 5, 6);
+        DP_AMX_DOT(bf, 0, 4, 6);
+        DP_AMX_DOT(bf, 2, 5, 6);
         if (two) {
           _tile_loadd(7, b1 + kk * 16, 64);
-          _tile_dpbusd(1, 4, 7);
-          _tile_dpbusd(3, 5, 7);
+          DP_AMX_DOT(bf, 1, 4, 7);
+          DP_AMX_DOT(bf, 3, 5, 7);
         }
       }
       _tile_stored(0, acc[0], 64);
@@ -342,9 +508,9 @@ static void dp_q_run_amx(const dp_qgeom* g, const char* a, int64_t lda, int in_p
       if (two) { _tile_stored(1, acc[1], 64); _tile_stored(3, acc[3], 64); }
       for (int h = 0; h <= two; h++)
         for (int half = 0; half < 2 && half * 16 < rr; half++)
-          dp_q_store(g, acc[2 * half + h], obase + r0 + 16 * half,
-                     rr - 16 * half < 16 ? rr - 16 * half : 16, (p + h) * DP_QNR, corr, mult, off,
-                     zw, rsum ? rsum + r0 + 16 * half : NULL, out);
+          dp_q_emit(g, acc[2 * half + h], obase + r0 + 16 * half,
+                    rr - 16 * half < 16 ? rr - 16 * half : 16, (p + h) * DP_QNR, q,
+                    rsum ? rsum + r0 + 16 * half : NULL);
     }
   }
   _tile_release();
@@ -353,6 +519,7 @@ static void dp_q_run_amx(const dp_qgeom* g, const char* a, int64_t lda, int in_p
 
 static void dp_q_tile(const dp_qgeom* g, const char* a, int64_t lda, const void* bp, int64_t kq,
                       int32_t* acc) {
+  if (g->path == 4) { dp_q_micro_bf16(a, lda, (const uint16_t*)bp, kq, (float*)acc); return; }
 #ifdef __AVX2__
   if (g->path == 3) { dp_q_micro_u8s8(a, lda, (const int8_t*)bp, kq, acc); return; }
   if (g->path == 2) { dp_q_micro_vnni(a, lda, (const int8_t*)bp, kq, acc); return; }
@@ -362,8 +529,36 @@ static void dp_q_tile(const dp_qgeom* g, const char* a, int64_t lda, const void*
   else dp_q_micro_scalar16(a, lda, (const int16_t*)bp, kq, acc);
 }
 
-/* whether row m is the input's bytes [m * c, (m + 1) * c): uint8 rows of a MatMul or of a
-   1 x 1, stride-1 convolution over a dense NHWC input, k a multiple of 4 (read in place) */
+/* two panels per call where a 512-bit kernel takes them (vnni: vpdpbusd, bf16: vdpbf16ps) */
+static int dp_q_pair(const dp_qgeom* g) {
+#ifdef DP_Q512
+  if (g->path == 2) return 1;
+#endif
+#ifdef DP_B512
+  if (g->path == 4) return 1;
+#endif
+  (void)g;
+  return 0;
+}
+
+static void dp_q_tile2(const dp_qgeom* g, const char* a, int64_t lda, const char* bpan, int64_t kq,
+                       int32_t* acc) {
+#ifdef DP_B512
+  if (g->path == 4) {
+    dp_q_micro_bf512x2(a, lda, (const uint16_t*)bpan, (const uint16_t*)(bpan + kq * 64), kq,
+                       (float*)acc);
+    return;
+  }
+#endif
+#ifdef DP_Q512
+  dp_q_micro_vnni512x2(a, lda, (const int8_t*)bpan, (const int8_t*)bpan + kq * 64, kq, acc);
+#endif
+  (void)g, (void)a, (void)lda, (void)bpan, (void)kq, (void)acc;
+}
+
+/* whether row m is the input's elements [m * c, (m + 1) * c): uint8 (or bf16) rows of a MatMul
+   or of a 1 x 1, stride-1 convolution over a dense NHWC input, k a multiple of 4 (2) (read in
+   place) */
 static int dp_q_direct(const dp_qgeom* g) {
   if (g->path < 2 || g->x_signed || g->kp != g->c || g->kh != 1 || g->kw != 1) return 0;
   if (g->sh != 1 || g->sw != 1 || g->ph || g->pw || g->xs_c != 1) return 0;
@@ -381,9 +576,8 @@ static int32_t dp_q_bytesum(const uint8_t* p, int64_t n) {
 /* one tile: rows [m0, m0 + rows) at a (row stride lda; in_place: the input itself, where rows
    past the last are not readable) against panels [p0, p1); amx: on the tile registers */
 static void dp_q_run(const dp_qgeom* g, const char* a, int64_t lda, int in_place, int amx, int64_t m0,
-                     int64_t rows, int64_t p0, int64_t p1, const void* bp, int64_t kq, const int32_t* corr,
-                     const float* mult, const float* off, const int32_t* zw, const int32_t* rsum,
-                     void* out, char* local) {
+                     int64_t rows, int64_t p0, int64_t p1, int64_t kq, const dp_qargs* q,
+                     const int32_t* rsum, char* local) {
   const int64_t rowb = kq * 4, rblocks = (rows + DP_QMR - 1) / DP_QMR, pix = g->oh * g->ow;
   int64_t* obase = (int64_t*)local;  /* where each row's outputs start */
   char* tail = local + (size_t)rows * 8;  /* a last, partial block of rows read in place */
@@ -391,19 +585,16 @@ static void dp_q_run(const dp_qgeom* g, const char* a, int64_t lda, int in_place
     obase[r] = ((m0 + r) / pix) * g->os_img + ((m0 + r) % pix) * g->os_pix;
 #ifdef DP_QAMX
   if (amx) {
-    dp_q_run_amx(g, a, lda, in_place, rows, p0, p1, bp, kq, corr, mult, off, zw, rsum, out, obase,
-                 tail);
+    dp_q_run_amx(g, a, lda, in_place, rows, p0, p1, kq, q, rsum, obase, tail);
     return;
   }
 #endif
+  (void)amx;
   int32_t acc[2 * DP_QMR * DP_QNR];
+  const int pair = dp_q_pair(g);
   for (int64_t p = p0; p < p1;) {
-#ifdef DP_Q512
-    const int64_t step = g->path == 2 && p + 1 < p1 ? 2 : 1;
-#else
-    const int64_t step = 1;
-#endif
-    const char* bpan = (const char*)bp + p * kq * 64;
+    const int64_t step = pair && p + 1 < p1 ? 2 : 1;
+    const char* bpan = (const char*)q->bp + p * kq * 64;
     for (int64_t rb = 0; rb < rblocks; rb++) {
       const int64_t rr = rows - rb * DP_QMR < DP_QMR ? rows - rb * DP_QMR : DP_QMR;
       const char* ab = a + rb * DP_QMR * lda;
@@ -413,17 +604,39 @@ static void dp_q_run(const dp_qgeom* g, const char* a, int64_t lda, int in_place
         for (int64_t r = 0; r < rr; r++) memcpy(tail + r * rowb, ab + r * lda, (size_t)rowb);
         ab = tail, ld = rowb;
       }
-#ifdef DP_Q512
-      if (step == 2) dp_q_micro_vnni512x2(ab, ld, (const int8_t*)bpan, (const int8_t*)bpan + kq * 64, kq, acc);
-      else
-#endif
-      dp_q_tile(g, ab, ld, bpan, kq, acc);
+      if (step == 2) dp_q_tile2(g, ab, ld, bpan, kq, acc);
+      else dp_q_tile(g, ab, ld, bpan, kq, acc);
       for (int64_t h = 0; h < step; h++)
-        dp_q_store(g, acc + h * DP_QMR * DP_QNR, obase + rb * DP_QMR, rr, (p + h) * DP_QNR, corr,
-                   mult, off, zw, rsum ? rsum + rb * DP_QMR : NULL, out);
+        dp_q_emit(g, acc + h * DP_QMR * DP_QNR, obase + rb * DP_QMR, rr, (p + h) * DP_QNR, q,
+                  rsum ? rsum + rb * DP_QMR : NULL);
     }
     p += step;
   }
+}
+
+/* whether this process runs the path's whole 64-byte k steps on AMX tiles */
+static int dp_q_amx(const dp_qgeom* g, int64_t rowb) {
+#ifdef DP_QAMX
+  if (rowb % 64 || !dp_q_amx_usable()) return 0;
+#ifdef DP_AMX_I8
+  if (g->path == 2) return 1;
+#endif
+#ifdef DP_AMX_BF
+  if (g->path == 4) return 1;
+#endif
+#endif
+  (void)g, (void)rowb;
+  return 0;
+}
+
+/* row m of the chunk into the shared buffer; its sum where zw needs it */
+static int32_t dp_q_pack_row(const dp_qgeom* g, const void* x, int64_t m, char* row, int direct,
+                             int sum_it) {
+  if (direct) return dp_q_bytesum((const uint8_t*)row, g->kp);
+  if (g->path == 4) { dp_q_rowbf(g, x, m, (uint16_t*)row); return 0; }
+  if (g->path >= 2) return dp_q_row8(g, x, m, (uint8_t*)row, sum_it);
+  dp_q_row16(g, x, m, (int16_t*)row);
+  return 0;
 }
 
 static __thread char* dp_qshared_buf;
@@ -435,20 +648,23 @@ static __thread size_t dp_qshared_cap;
    geometry would be compiled, and fully unrolled, once per layer) */
 __attribute__((noinline, noclone))
 static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int32_t* corr,
-                     const float* mult, const float* off, const int32_t* zw, void* out) {
-  const int bytes = g->path >= 2;  /* uint8 rows, quads of k (vnni, avx2-u8s8) */
-  const int64_t kq = bytes ? g->kp / 4 : g->kp / 2, panels = g->np / DP_QNR, rowb = kq * 4;
+                     const float* mult, const float* off, const int32_t* zw, const void* res,
+                     void* out) {
+  const dp_qargs q = {bp, corr, mult, off, zw, (const uint16_t*)res, out};
+  const int quads = g->path == 2 || g->path == 3;  /* uint8 rows, quads of k (vnni, u8s8) */
+  const int64_t kq = quads ? g->kp / 4 : g->kp / 2, panels = g->np / DP_QNR, rowb = kq * 4;
   const int direct = dp_q_direct(g);
   int64_t mc = (160 * 1024) / rowb / DP_QMR * DP_QMR;
   const int64_t mfull = (g->m + DP_QMR - 1) / DP_QMR * DP_QMR;
   mc = mc < DP_QMR ? DP_QMR : mc > 96 ? 96 : mc;
   mc = mc > mfull ? mfull : mc;
-  int amx = 0;  /* whole 64-byte k steps of uint8 x int8 on AMX tiles, 32 rows at a time */
+  const int amx = dp_q_amx(g, rowb);  /* 32 rows at a time on the tiles */
 #ifdef DP_QAMX
-  amx = g->path == 2 && rowb % 64 == 0 && dp_q_amx_usable();
   if (amx) mc = mc < DP_QAMX_ROWS ? DP_QAMX_ROWS : mc / DP_QAMX_ROWS * DP_QAMX_ROWS;
+  const int64_t pad = amx ? DP_QAMX_ROWS : DP_QMR;  /* rows a partial block may read past the end */
+#else
+  const int64_t pad = DP_QMR;
 #endif
-  const int64_t pad = amx ? 32 : DP_QMR;  /* rows a last partial block may read past the end */
   int64_t ch = direct ? mfull : (2 << 20) / rowb / mc * mc;  /* rows per chunk: <= 2 MiB packed */
   ch = ch < mc ? mc : ch > mfull ? (mfull + mc - 1) / mc * mc : ch;
   const size_t abytes = direct ? 0 : (size_t)(ch + pad) * rowb;
@@ -462,11 +678,11 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
   const int64_t threads = 1;
 #endif
   int64_t nsplit = 1;
-  while (mblocks * nsplit < 4 * threads && nsplit * 2 <= panels) nsplit *= 2;
+  while (mblocks * nsplit < DP_QTILES * threads && nsplit * 2 <= panels) nsplit *= 2;
   /* a tile's columns: whole pairs of panels (the 512-bit and AMX kernels take two), and whole
-     64-byte lines of a channels-last output row (4 panels of bytes), or the threads that store
-     neighbouring columns of a row would share its cache lines (false sharing) */
-  const int64_t line = g->os_ch == 1 && g->out_kind != 0 ? 4 : 2;
+     64-byte lines of a channels-last output row (4 panels of bytes, 2 of bf16), or the threads
+     that store neighbouring columns of a row would share its cache lines (false sharing) */
+  const int64_t line = g->os_ch == 1 && (g->out_kind == 1 || g->out_kind == 2) ? 4 : 2;
   int64_t ppt = (panels + nsplit - 1) / nsplit;
   ppt = (ppt + line - 1) / line * line;
   ppt = ppt > panels ? panels : ppt;
@@ -475,27 +691,32 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
 #pragma omp parallel if (big && (mblocks * nsplit > 1 || g->m > ch))
   for (int64_t m0c = 0; m0c < g->m; m0c += ch) {
     const int64_t rows_c = g->m - m0c < ch ? g->m - m0c : ch;
-    const char* a = direct ? (const char*)x + m0c * rowb : shared;  /* rowb = c in place */
+    const char* a = direct ? (const char*)x + m0c * rowb : shared;  /* rowb: a row's bytes */
     if (!direct || zw) {
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < rows_c; r++) {
-        int32_t rs = 0;
-        if (direct) rs = dp_q_bytesum((const uint8_t*)a + r * rowb, rowb);
-        else if (bytes) rs = dp_q_row8(g, x, m0c + r, (uint8_t*)(shared + r * rowb), zw != NULL);
-        else dp_q_row16(g, x, m0c + r, (int16_t*)(shared + r * rowb));
+        char* row = direct ? (char*)a + r * rowb : shared + r * rowb;
+        int32_t rs = dp_q_pack_row(g, x, m0c + r, row, direct, zw != NULL);
         if (rsum) rsum[r] = rs;
       }
     }
     const int64_t mb_c = (rows_c + mc - 1) / mc, tiles = mb_c * nsplit;
+#ifdef DP_QSTATIC
+    /* panel-major, in static runs: a thread keeps its panels across row blocks (and runs) */
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+      const int64_t mb = t % mb_c, nb = t / mb_c, m0 = mb * mc;
+#else
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tiles; t++) {
       const int64_t mb = t / nsplit, nb = t % nsplit, m0 = mb * mc;
+#endif
       const int64_t rows = rows_c - m0 < mc ? rows_c - m0 : mc;
       const int64_t p0 = nb * ppt, p1 = p0 + ppt < panels ? p0 + ppt : panels;
       char* local = (char*)dp_local((size_t)mc * 8 + (size_t)pad * rowb + 64);
       if (!local) continue;
-      dp_q_run(g, a + m0 * rowb, rowb, direct, amx, m0c + m0, rows, p0, p1,
-               bp, kq, corr, mult, off, zw, rsum ? rsum + m0 : NULL, out, local);
+      dp_q_run(g, a + m0 * rowb, rowb, direct, amx, m0c + m0, rows, p0, p1, kq, &q,
+               rsum ? rsum + m0 : NULL, local);
     }
   }
 }

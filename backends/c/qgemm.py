@@ -10,7 +10,10 @@ Packed weight layouts (``DP_QNR`` = 16 columns per panel, zero-padded):
   ``w``, ``[N/16, K/4, 16, 4]``, for ``vpdpbusd``; the zero-point terms become
   ``corr[n] = bias[n] - x_zp' * colsum(w)[n] + K * x_zp' * w_zp[n]`` (``x_zp' = x_zp + 128``
   for int8 activations, which the kernel reads as uint8 ``x ^ 0x80``), the row term
-  ``- w_zp[n] * rowsum(a)[m]`` only where some ``w_zp`` is not 0.
+  ``- w_zp[n] * rowsum(a)[m]`` only where some ``w_zp`` is not 0;
+- ``bf16`` (a ``kind="bf16"`` stage): the bf16 bits, ``[N/16, K/2, 16, 2]`` (pairs along k, as
+  ``vdpbf16ps`` multiplies them and as AMX's ``tdpbf16ps`` reads 16 pairs of a panel at a
+  time; k padded to 32 where that adds at most an eighth); ``off`` is the float32 bias.
 """
 from __future__ import annotations
 
@@ -23,18 +26,19 @@ from ...tensor_ir.kernel import Buffer
 from ...tensor_ir.qgemm import QGemmSpec, QGemmStage, weight_matrix
 
 NR = 16
-PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3, "amx": 2}
+PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3, "amx": 2, "bf16": 4}
 BYTE_PATHS = ("vnni", "avx2-u8s8", "amx")  # uint8 activations x int8 weights, quads of k
 
 
 def padded_k(path: str, k: int) -> int:
     """k padded to pairs (int16), quads (bytes) or, on amx, whole 64-byte tile rows where that
     adds at most an eighth (a 7 x 7 x 3 stem keeps quads and the vnni kernels)."""
-    if path == "amx" and (-k) % 64 * 8 <= k:
-        return -(-k // 64) * 64
+    tile = {"amx": 64, "bf16": 32}.get(path)  # k per AMX tile row
+    if tile and (-k) % tile * 8 <= k:
+        return -(-k // tile) * tile
     unit = 4 if path in BYTE_PATHS else 2
     return -(-k // unit) * unit
-OUT_CODE = {"float32": 0, "uint8": 1, "int8": 2}
+OUT_CODE = {"float32": 0, "uint8": 1, "int8": 2, "bfloat16": 3}
 
 
 def kernel_path(spec: QGemmSpec, w: np.ndarray, path: str) -> str:
@@ -87,20 +91,43 @@ def pack(spec: QGemmSpec, w, w_zp, bias, mult, offset, path: str) -> dict[str, n
     return out
 
 
+def pack_bf16(spec: QGemmSpec, w, bias) -> dict[str, np.ndarray]:
+    """The bf16 kernel's constant inputs: ``w`` (bf16 bits in pairs along k, panels of 16
+    columns, zero-padded) and ``off`` (the float32 bias, padded to whole panels)."""
+    wm = np.asarray(weight_matrix(spec, w)).view(np.uint16)
+    k, n = wm.shape
+    kp, np_ = padded_k("bf16", k), -(-n // NR) * NR
+    full = np.zeros((kp, np_), np.uint16)
+    full[:k, :n] = wm
+    off = np.zeros(np_, np.float32)
+    off[:n] = bias
+    return {"w": np.ascontiguousarray(full.reshape(kp // 2, 2, np_ // NR, NR).transpose(2, 0, 3, 1)),
+            "off": off}
+
+
 def pack_kernel(k, step: dict, plan, target_path: str):
-    """Replace a QGemm kernel's constant inputs (w, w_zp, bias, mult, offset) by their packed
-    forms for the target's int8 path; the packed arrays join the plan's constants."""
+    """Replace a QGemm kernel's constant inputs (w, w_zp, bias, mult, offset; a bf16 one's w,
+    bias) by their packed forms for the target's int8 path (bf16: ``pack_bf16``); the packed
+    arrays join the plan's constants, a bf16 stage's residual stays an input (``qres``)."""
     st = next((s for s in k.stages if isinstance(s, QGemmStage)), None)
     if st is None or st.spec.path:
         return k
-    arrays = [plan.constants[vid] for vid in step["inputs"][1:6]]
-    path = kernel_path(st.spec, arrays[0], target_path)
-    packed = pack(st.spec, *arrays, path)
+    if st.spec.kind == "bf16":
+        path, packed = "bf16", pack_bf16(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]])
+    else:
+        arrays = [plan.constants[vid] for vid in step["inputs"][1:6]]
+        path = kernel_path(st.spec, arrays[0], target_path)
+        packed = pack(st.spec, *arrays, path)
     inputs, vids = [k.inputs[0]], [step["inputs"][0]]
     for key, arr in packed.items():
         buf = Buffer(f"q{key}", tuple(arr.shape), DType.from_np(arr.dtype))
         inputs.append(buf)
         vids.append(plan.new_constant(arr, buf))
+    if st.spec.residual:
+        res = k.inputs[3]
+        inputs.append(Buffer("qres", res.shape, res.dtype))
+        vids.append(step["inputs"][3])
+        packed = dict(packed, res=None)
     step["inputs"] = vids
     spec = dataclasses.replace(st.spec, path=path)
     stage = dataclasses.replace(st, spec=spec, weights=tuple(packed))
@@ -113,9 +140,15 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     kp, np_ = padded_k(s.path, s.k), -(-s.n // NR) * NR
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
-            OUT_CODE[s.out], PATH_CODE[s.path]]
-    zw = names.get("zw", "NULL")
-    return [f"  /* int8 {s.path}: {s.m} x {s.n} x {s.k}, {s.out} out */",
-            f"  static const dp_qgeom g_ = {{{', '.join(str(int(v)) for v in geom)}}};",
-            (f"  dp_qgemm(&g_, {names['x']}, {names['w']}, {names['corr']}, {names['mult']}, "
-             f"{names['off']}, {zw}, {out});")]
+            OUT_CODE[s.out], PATH_CODE[s.path], int(s.act == "clip")]
+    fields = [str(int(v)) for v in geom] + [_float(s.lo), _float(s.hi)]
+    args = [names.get(key, "NULL") for key in ("x", "w", "corr", "mult", "off", "zw", "res")]
+    return [f"  /* {s.kind} {s.path}: {s.m} x {s.n} x {s.k}, {s.out} out */",
+            f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};",
+            f"  dp_qgemm(&g_, {', '.join(args)}, {out});"]
+
+
+def _float(v: float) -> str:
+    """A C float literal; +-inf as +-FLT_MAX (a clamp to it changes no finite value)."""
+    v = float(np.clip(v, -np.finfo(np.float32).max, np.finfo(np.float32).max))
+    return f"{v!r}f"

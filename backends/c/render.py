@@ -39,10 +39,9 @@ from ...tensor_ir.qgemm import QGemmStage
 from ...tensor_ir.schedule import (
     PARALLEL_MIN_WORK,
     StageSchedule,
-    integer_window,
-    single_reduce,
     single_sum,
     stage_work,
+    window_reduce,
 )
 from .attention import render_attention
 from .qgemm import render_qgemm
@@ -61,7 +60,7 @@ UNARY = {
     U.COS: "cos{f}({x})", U.TAN: "tan{f}({x})", U.ASIN: "asin{f}({x})", U.ACOS: "acos{f}({x})",
     U.ATAN: "atan{f}({x})", U.SINH: "sinh{f}({x})", U.COSH: "cosh{f}({x})",
     U.TANH: "tanh{f}({x})", U.ASINH: "asinh{f}({x})", U.ACOSH: "acosh{f}({x})",
-    U.ATANH: "atanh{f}({x})", U.ERF: "erf{f}({x})", U.FLOOR: "floor{f}({x})",
+    U.ATANH: "atanh{f}({x})", U.ERF: "dp_erf{f}({x})", U.FLOOR: "floor{f}({x})",
     U.CEIL: "ceil{f}({x})", U.ROUND: "rint{f}({x})", U.SIGN: "DP_SIGN({x})",
     U.RECIP: "(1/({x}))", U.NOT: "(!{x})", U.BITNOT: "(~{x})", U.ISNAN: "isnan({x})",
     U.ISINF: "isinf({x})", U.ISPOSINF: "(isinf({x}) && {x} > 0)",
@@ -231,7 +230,7 @@ class CRenderer:
         """out[o, i] = epi(sum_r body) ->
         for o: { out[o, :] = 0; for r: for i: out[o, i] += body; for i: out[o, i] = epi(out[o, i]) }
         (max and min likewise, from their identities)."""
-        red = single_reduce(st) or integer_window(st)
+        red = window_reduce(st)
         n_outer = sched.reduce_outer
         ovars, ivars = st.vars[:n_outer], st.vars[n_outer:]
         lines: list[str] = []
@@ -239,10 +238,19 @@ class CRenderer:
         ind = "  " * (depth + 1)
         ctype = compute_type(out.dtype)
         target = f"{_ident(out.name)}[{self.flat(out, st.vars)}]"
+        # a half output holds a max / min pool's running extreme (exactly); a sum runs in a
+        # float row (hsum_) and is rounded once, by the epilogue
+        held, stored = self._load_value(out, target), target
+        if red.op is R.SUM and out.dtype in WIDE_SUFFIX:
+            lines.append(f"{ind}float hsum_[{math.prod(out.shape[n_outer:])}];")
+            target = held = f"hsum_[{_row_index(ivars, out.shape[n_outer:])}]"
+
+        def put(value: str, dst: str = target) -> str:
+            return f"{dst} = {value if dst != stored else self._to_storage(out.dtype, value)};"
         d2 = self._open_loops(lines, ivars, out.shape[n_outer:], 0, ind)
         init = (REDUCE_INIT[red.op] if red.dtype.is_float
                 else INT_LIMITS[red.dtype][0 if red.op is R.MAX else 1])
-        lines.append("  " * (depth + d2 + 1) + f"{target} = ({ctype}){init};")
+        lines.append("  " * (depth + d2 + 1) + put(f"({ctype}){init}"))
         self._close_loops(lines, d2, depth)
         rvars = [v for v, _ in red.vars]
         d3 = self._open_loops(lines, rvars, [e for _, e in red.vars], 0, ind)
@@ -251,14 +259,15 @@ class CRenderer:
         ind2 = "  " * (depth + d3 + d4 + 1)
         term = self.expr(red.body, lines, ind2)
         combine = {R.SUM: "{a} + {v}", R.MAX: "DP_MAX({a}, {v})", R.MIN: "DP_MIN({a}, {v})"}
-        lines.append(f"{ind2}{target} = {combine[red.op].format(a=target, v=term)};")
+        lines.append(ind2 + put(combine[red.op].format(a=held, v=term)))
         self._close_loops(lines, d3 + d4, depth)
         if st.body is not red:
-            acc = Load(out.name, tuple(st.vars), out.dtype)
+            acc = Load(out.name, tuple(st.vars), out.dtype) if target == stored else \
+                Var(target, red.dtype)
             epi = transform(st.body, lambda e: acc if e is red or e == red else None)
             d5 = self._open_loops(lines, ivars, out.shape[n_outer:], 0, ind, simd=True)
             ind3 = "  " * (depth + d5 + 1)
-            lines.append(f"{ind3}{target} = {self.expr(epi, lines, ind3)};")
+            lines.append(ind3 + put(self.expr(epi, lines, ind3), stored))
             self._close_loops(lines, d5, depth)
         self._close_loops(lines, depth)
         return ["  {"] + lines + ["  }"]
@@ -735,6 +744,15 @@ class CRenderer:
     def _fresh(self, prefix: str) -> str:
         self._tmp += 1
         return f"{prefix}{self._tmp}"
+
+
+def _row_index(vars_, extents) -> str:
+    """The row-major index of ``vars_`` in a row of ``extents`` (fixed sizes)."""
+    terms, stride = [], 1
+    for v, e in reversed(list(zip(vars_, extents))):
+        terms.append(f"{v.name} * {stride}")
+        stride *= e
+    return " + ".join(reversed(terms)) or "0"
 
 
 def _align64(n):

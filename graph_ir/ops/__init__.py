@@ -6,6 +6,7 @@ from . import (  # noqa: F401  (imports register the ops)
     host,
     movement,
     nn,
+    packed,
     quant,
     reduction,
     sampling,

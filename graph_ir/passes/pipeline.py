@@ -20,6 +20,7 @@ from .fold_affine import fold_affine
 from .fuse import fuse
 from .layout import layout
 from .merge import merge_projections
+from .packed import pack_bf16
 from .precision import convert_precision
 from .quantized import fold_qdq
 from .simplify import simplify
@@ -34,6 +35,7 @@ PIPELINE = [
     ("merge", merge_projections),  # sibling MatMuls of one input (q, k, v) -> one wider GEMM
     ("layout", layout),  # NHWC convolutions and pools where the target prefers them
     ("precision", convert_precision),  # --dtype fp16/bf16/fp8: half compute, fp32 where sensitive
+    ("bf16_dot", pack_bf16),  # bf16 contractions + epilogues -> packed ops (CPU dot products)
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
 PASS_OPTIONS = {"precision": ("dtype", "keep_fp32", "calibration")}  # pass -> compile options it takes

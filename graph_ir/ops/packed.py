@@ -1,0 +1,82 @@
+"""Op table: bf16 contractions for the CPU's dot-product units (``PackedMatMul``,
+``PackedConv``).
+
+The ``bf16_dot`` pass (``graph_ir/passes/packed.py``) makes them from ``--dtype bf16``
+MatMuls and channels-last convolutions whose weight is a constant, with their epilogue:
+
+    out = act(sum_k x[m, k] * w[k, n] + bias[n] + residual[m, n])
+
+Inputs: ``x`` (bfloat16; ``[..., K]``, or NHWC for PackedConv), ``w`` (bfloat16; ``[K, N]``,
+or HWIO), ``bias`` (float32 ``[N]``) and, optionally, ``residual`` (bfloat16, the output's
+shape). ``act``: ``none``, or ``clip`` to ``[lo, hi]`` (a ReLU is ``lo = 0, hi = inf``).
+Products of bf16 values are exact in float32; the sums are float32, rounded to bf16 once, at
+the store. The C backend packs ``w`` into pairs along k at compile time and runs AMX
+(``tdpbf16ps``) or AVX512-BF16 (``vdpbf16ps``) kernels (``backends/c/qgemm.h``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..types import DType
+from .contraction import Conv, MatMul
+from .registry import REQUIRED, Kind, define
+
+ACTS = ("none", "clip")
+
+
+def _check(ins, attrs, out) -> None:
+    if attrs["act"] not in ACTS:
+        raise ValueError(f"act '{attrs['act']}' is not one of {ACTS}")
+    if len(ins) > 3 and ins[3] is not None and tuple(ins[3].shape) != tuple(out):
+        raise ValueError(f"residual {list(ins[3].shape)} must have the output's shape "
+                         f"{list(out)}")
+
+
+def _epilogue(acc: np.ndarray, ins, attrs) -> np.ndarray:
+    v = (acc + np.asarray(ins[2], np.float32)).astype(np.float32)
+    if len(ins) > 3 and ins[3] is not None:
+        v = v + np.asarray(ins[3]).astype(np.float32)
+    if attrs["act"] == "clip":
+        v = np.clip(v, np.float32(attrs["lo"]), np.float32(attrs["hi"]))
+    return v.astype(DType.bfloat16.np)
+
+
+def _matmul_shape(ins, attrs):
+    (out,) = MatMul.shape_rule(ins[:2], {"out_dtype": None})
+    _check(ins, attrs, out)
+    return [out]
+
+
+def _matmul_ref(ins, attrs):
+    acc = np.matmul(np.asarray(ins[0]).astype(np.float32), np.asarray(ins[1]).astype(np.float32))
+    return [_epilogue(acc, ins, attrs)]
+
+
+PackedMatMul = define("PackedMatMul", Kind.OPAQUE, _matmul_shape,
+                      lambda ins, a: [DType.bfloat16], _matmul_ref, act="none", lo=0.0, hi=0.0,
+                      doc="bf16 x[..., K] @ constant w[K, N] in float32 sums, then + bias[N] "
+                          "(+ residual), clipped to [lo, hi] when act is clip, stored as bf16.")
+
+
+def _conv_attrs(attrs) -> dict:
+    return {"strides": attrs["strides"], "pads": attrs["pads"], "dilations": attrs["dilations"],
+            "group": 1, "layout": "NHWC"}
+
+
+def _conv_shape(ins, attrs):
+    (out,) = Conv.shape_rule(ins[:2], _conv_attrs(attrs))
+    _check(ins, attrs, out)
+    return [out]
+
+
+def _conv_ref(ins, attrs):
+    x, w = (np.asarray(a).astype(np.float32) for a in ins[:2])
+    (acc,) = Conv.reference([x, w], _conv_attrs(attrs))
+    return [_epilogue(acc, ins, attrs)]
+
+
+PackedConv = define("PackedConv", Kind.OPAQUE, _conv_shape, lambda ins, a: [DType.bfloat16],
+                    _conv_ref, strides=REQUIRED, pads=REQUIRED, dilations=REQUIRED, act="none",
+                    lo=0.0, hi=0.0,
+                    doc="2-D channels-last convolution (group 1) of bf16 x and constant HWIO w "
+                        "with the PackedMatMul epilogue.")

@@ -1,0 +1,123 @@
+"""The ``bf16_dot`` pass: ``--dtype bf16`` contractions -> ``PackedMatMul`` / ``PackedConv``
+on CPU targets whose ``bf16_path`` is ``dot`` (AMX or AVX512-BF16 dot products).
+
+After ``precision`` a bf16 layer reads ``Relu(Add(Conv(x, w_bf16, b_bf16), r))``. The rules,
+tried to a fixpoint (each on a value only the next node reads):
+
+1. ``MatMul(x, W)`` with ``W`` a constant ``[K, N]`` and ``Conv(x, W, b)`` (channels-last,
+   group 1, 2-D, ``W`` constant) -> the packed op, bias ``b`` (or 0) in float32;
+2. ``Add(P, c)`` with ``c`` a constant per output channel (or scalar) -> ``c`` joins the bias;
+3. ``Add(P, r)`` with ``r`` of the output's shape -> ``r`` is the residual (read in the store);
+4. ``Relu(P)``, ``Max(P, lo)``, ``Min(P, hi)`` (a Clip) -> the epilogue's clamp.
+
+Before: ``%y = Relu(Add(Conv(%x, %w, %b), %r))`` (four passes over memory in two kernels
+once fused). After: ``%y = PackedConv(%x, %w, %b32, %r) {act=clip, lo=0, hi=inf}``.
+Contractions with symbolic shapes, NCHW convolutions and grouped (depthwise) ones keep the
+float32 loops; so do MatMuls of two activations (attention's).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..graph import Node, Value
+from ..types import DType, TensorType
+from .dce import dce
+from .rewrite import Rewriter, rewrite
+
+BF16 = DType.bfloat16
+PACKED = ("PackedMatMul", "PackedConv")
+F32 = Value("f32", TensorType((), DType.float32))  # (the type of new float32 constants)
+
+
+def _static(*values: Value) -> bool:
+    return all(isinstance(d, int) for v in values for d in v.shape)
+
+
+def contraction(node: Node, rw: Rewriter) -> Value | None:
+    x, w = node.inputs[0], node.inputs[1]
+    arr = rw.const(w)
+    out = node.outputs[0]
+    if arr is None or x.dtype is not BF16 or out.dtype is not BF16 or rw.const(x) is not None \
+            or not _static(x, out):
+        return None
+    n = arr.shape[-1]
+    if node.op.name == "MatMul":
+        if arr.ndim != 2 or len(x.shape) < 2 or node.attrs.get("out_dtype") is not None:
+            return None
+        bias = np.zeros(n, np.float32)
+        attrs = {}
+    else:
+        a = node.attrs
+        if a["layout"] != "NHWC" or a["group"] != 1 or arr.ndim != 4:
+            return None
+        b = rw.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None \
+            else np.zeros(n)
+        if b is None:
+            return None
+        bias = np.asarray(b, np.float32)
+        attrs = {k: a[k] for k in ("strides", "pads", "dilations")}
+    op = "PackedMatMul" if node.op.name == "MatMul" else "PackedConv"
+    bv = rw.new_const(bias, node.name + "_bias32", F32)
+    return rw.emit(op, [x, w, bv], node.name, **attrs)
+
+
+def _packed(rw: Rewriter, v: Value | None) -> Node | None:
+    n = rw.prod(v)
+    return n if n is not None and n.op.name in PACKED and rw.single_use(v) else None
+
+
+def add(node: Node, rw: Rewriter) -> Value | None:
+    for k in (0, 1):
+        p, other = _packed(rw, node.inputs[k]), node.inputs[1 - k]
+        if p is None or other is None or node.outputs[0].dtype is not BF16 or \
+                node.outputs[0].shape != p.outputs[0].shape or p.attrs["act"] != "none":
+            continue
+        ins = list(p.inputs)
+        c = rw.const(other)
+        n = p.outputs[0].shape[-1]
+        if c is not None and c.size in (1, n) and (c.ndim == 0 or c.shape[-1] == c.size):
+            bias = rw.const(ins[2]) + np.asarray(c, np.float32).reshape(-1)
+            ins[2] = rw.new_const(bias.astype(np.float32), p.name + "_bias32", ins[2])
+        elif c is None and len(ins) == 3 and other.shape == p.outputs[0].shape and \
+                other.dtype is BF16:
+            ins.append(other)
+        else:
+            continue
+        return rw.emit(p.op.name, ins, p.name, **p.attrs)
+    return None
+
+
+def clamp(node: Node, rw: Rewriter) -> Value | None:
+    p = _packed(rw, node.inputs[0])
+    if p is None or node.outputs[0].dtype is not BF16:
+        return None
+    clipped = p.attrs["act"] == "clip"
+    lo, hi = (p.attrs["lo"], p.attrs["hi"]) if clipped else (-math.inf, math.inf)
+    if node.op.name == "Relu":
+        lo = max(lo, 0.0)
+    else:
+        c = rw.const(node.inputs[1])
+        if c is None or c.size != 1 or not np.isfinite(c.astype(np.float32)).all():
+            return None
+        c = float(np.asarray(c, np.float32).reshape(()))
+        if node.op.name == "Max" and hi == math.inf:
+            lo = max(lo, c)
+        elif node.op.name == "Min" and c >= lo:
+            hi = min(hi, c)
+        else:
+            return None
+    return rw.emit(p.op.name, list(p.inputs), p.name, **dict(p.attrs, act="clip", lo=lo, hi=hi))
+
+
+RULES = [("MatMul", contraction), ("Conv", contraction), ("Add", add), ("Relu", clamp),
+         ("Max", clamp), ("Min", clamp)]
+
+
+def pack_bf16(g, target=None):
+    """Packed bf16 contractions (see the module docstring) where the target runs them."""
+    if target is None or target.bf16_path() != "dot":
+        return g
+    g, fired = rewrite(g, RULES)
+    return dce(g) if fired else g

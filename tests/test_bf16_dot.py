@@ -1,0 +1,146 @@
+"""Packed bf16 contractions on CPU targets (the `bf16_dot` pass, PackedConv / PackedMatMul,
+backends/c/qgemm.h path 4).
+
+Each model is one contraction with its epilogue (bias, a residual, ReLU / Clip), compiled with
+``--dtype bf16`` for the host target with ``bf16: dot`` forced. The kernels multiply bf16
+values exactly and sum in float32, then round the output to bf16 once; so the reference is ONNX
+Runtime's float32 run of the same model on bf16-rounded inputs and weights (what the precision
+pass stores), and the only difference left is the output's rounding (relative 2^-9) and the
+order of float32 sums. Where the compiler has AMX-BF16 or AVX512-BF16 (a Sapphire Rapids host)
+the tile or ``vdpbf16ps`` kernels run; elsewhere the same packing runs through float32 FMAs.
+The shapes reach every branch: k a multiple of 32 (AMX tiles) or not (pairs), rows read in
+place (1 x 1, stride 1) with a partial last block, packed im2col rows with padding, partial
+column panels.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import deploy
+import ml_dtypes
+import numpy as np
+import pytest
+from deploy.errors import TargetError
+from deploy.targets.target import load_target
+
+from .util import helper, make_model, run_ort
+
+RNG = np.random.default_rng(16)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return dataclasses.replace(load_target("host"), name="host-bf16-dot", bf16="dot")
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def _check(model, inputs: dict, target, ops=("PackedConv", "PackedMatMul"), expect=1):
+    art = deploy.compile(model, target=target, dtype="bf16")
+    notes = [k.get("note", "") for k in art.manifest["kernels"]]
+    packed = sum(1 for n in notes if any(f"{op} " in n or n.endswith(op) for op in ops))
+    assert packed == expect, notes
+    ours = art.load().run(inputs)[0]
+    ref = run_ort(_rounded_model(model), {k: _bf16(v) for k, v in inputs.items()})[0]
+    err = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
+    assert err < 3e-3, err
+    np.testing.assert_allclose(ours, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
+    return art
+
+
+def _rounded_model(model):
+    """``model`` with every float initializer rounded to bf16 (as the precision pass stores it)."""
+    from onnx import numpy_helper
+    m = type(model)()
+    m.CopyFrom(model)
+    for init in m.graph.initializer:
+        arr = numpy_helper.to_array(init)
+        if arr.dtype == np.float32:
+            init.CopyFrom(numpy_helper.from_array(_bf16(arr), init.name))
+    return m
+
+
+def _conv_model(c, n, hw, k, stride=1, pad=0, residual=False, act="relu"):
+    w = (RNG.standard_normal((n, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32) * 0.1
+    oh = (hw[0] + 2 * pad - k) // stride + 1
+    ow = (hw[1] + 2 * pad - k) // stride + 1
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[k, k],
+                              strides=[stride, stride], pads=[pad] * 4)]
+    inputs = [("x", np.float32, [1, c, *hw])]
+    last = "y"
+    if residual:
+        nodes.append(helper.make_node("Add", ["y", "r"], ["s"]))
+        inputs.append(("r", np.float32, [1, n, oh, ow]))
+        last = "s"
+    inits = {"w": w, "b": b}
+    if act == "relu":
+        nodes.append(helper.make_node("Relu", [last], ["out"]))
+    else:  # relu6 as a Clip
+        inits.update(lo=np.float32(0), hi=np.float32(6))
+        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["out"]))
+    model = make_model(nodes, inputs, [("out", np.float32, None)], inits)
+    feed = {"x": RNG.standard_normal((1, c, *hw)).astype(np.float32)}
+    if residual:
+        feed["r"] = RNG.standard_normal((1, n, oh, ow)).astype(np.float32)
+    return model, feed
+
+
+@pytest.mark.parametrize("c,n,hw,k,stride,pad", [
+    (64, 40, (5, 7), 1, 1, 0),    # rows in place (k = 64: AMX tiles), partial row block and panel
+    (34, 20, (6, 6), 1, 1, 0),    # k = 34: pairs (no whole tile rows)
+    (32, 48, (9, 9), 3, 2, 1),    # im2col rows with padding, k = 288
+    (3, 16, (17, 17), 7, 2, 3),   # a 7 x 7 stem on 3 channels (k padded 147 -> 160)
+])
+def test_conv(target, c, n, hw, k, stride, pad):
+    model, feed = _conv_model(c, n, hw, k, stride, pad)
+    _check(model, feed, target)
+
+
+@pytest.mark.parametrize("act", ["relu", "clip"])
+def test_conv_residual_epilogue(target, act):
+    model, feed = _conv_model(64, 64, (8, 8), 1, residual=True, act=act)
+    art = _check(model, feed, target)
+    assert len(art.manifest["kernels"]) <= 3  # conv + residual + clamp in one kernel
+
+
+@pytest.mark.parametrize("k,n", [(64, 40), (34, 20)])
+def test_matmul_bias_relu(target, k, n):
+    w = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node("Add", ["y", "b"], ["z"]),
+             helper.make_node("Relu", ["z"], ["out"])]
+    model = make_model(nodes, [("x", np.float32, [2, 7, k])], [("out", np.float32, None)],
+                       {"w": w, "b": b})
+    _check(model, {"x": RNG.standard_normal((2, 7, k)).astype(np.float32)}, target)
+
+
+def test_depthwise_and_activation_products_stay_loops(target):
+    # a grouped conv and a MatMul of two activations keep the float32 loops
+    w = RNG.standard_normal((8, 1, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4,
+                              group=8),
+             helper.make_node("MatMul", ["y", "y"], ["out"])]
+    model = make_model(nodes, [("x", np.float32, [1, 8, 6, 6])], [("out", np.float32, None)],
+                       {"w": w})
+    art = deploy.compile(model, target=target, dtype="bf16")
+    assert not any("Packed" in k.get("note", "") for k in art.manifest["kernels"])
+
+
+def test_bf16_path_follows_isa():
+    host = load_target("host")
+    for isa, want in ((("avx2",), "none"), (("avx512f", "avx512_bf16"), "dot"),
+                      (("amx_tile", "amx_bf16"), "dot")):
+        assert dataclasses.replace(host, isa=isa).bf16_path() == want
+    assert dataclasses.replace(host, isa=("amx_bf16",), bf16="none").bf16_path() == "none"
+    assert load_target("h100").bf16_path() == "none"
+
+
+def test_bad_bf16_key(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\nkind: cpu\nvendor: generic\nbackend: c\narch: native\nbf16: amx\n")
+    with pytest.raises(TargetError, match="key 'bf16' must be one of"):
+        load_target(str(path))
