@@ -118,6 +118,31 @@ def test_matmul_bias_relu(target, k, n):
     _check(model, {"x": RNG.standard_normal((2, 7, k)).astype(np.float32)}, target)
 
 
+@pytest.mark.parametrize("form", ["div", "mul"])
+def test_matmul_gelu_epilogue(target, form):
+    # the two erf GELUs exporters write: x * 0.5 * (1 + erf(x / sqrt2)) (torch.onnx) and
+    # 0.5 * x * (1 + erf(x * (1 / sqrt2))); both become the kernel's epilogue
+    k, n = 64, 48
+    w = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+    inits = {"w": w, "b": b, "one": np.float32(1), "half": np.float32(0.5),
+             "c": np.float32(np.sqrt(2) if form == "div" else np.sqrt(0.5))}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node("Add", ["y", "b"], ["z"]),
+             helper.make_node("Div" if form == "div" else "Mul", ["z", "c"], ["s"]),
+             helper.make_node("Erf", ["s"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"])]
+    if form == "div":
+        nodes += [helper.make_node("Mul", ["z", "e1"], ["m"]),
+                  helper.make_node("Mul", ["m", "half"], ["out"])]
+    else:
+        nodes += [helper.make_node("Mul", ["half", "z"], ["m"]),
+                  helper.make_node("Mul", ["m", "e1"], ["out"])]
+    model = make_model(nodes, [("x", np.float32, [3, 5, k])], [("out", np.float32, None)], inits)
+    art = _check(model, {"x": RNG.standard_normal((3, 5, k)).astype(np.float32)}, target)
+    assert not any("Erf" in k.get("note", "") for k in art.manifest["kernels"])
+
+
 def test_depthwise_and_activation_products_stay_loops(target):
     # a grouped conv and a MatMul of two activations keep the float32 loops
     w = RNG.standard_normal((8, 1, 3, 3)).astype(np.float32)

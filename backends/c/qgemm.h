@@ -19,7 +19,8 @@
        else the same products widened to float32 (exact; testable anywhere).
    Epilogue: v = float(acc + corr[n]) * mult[n] + off[n]; float32 out, or
    saturate(round_half_even(v) + out_zp) as uint8 / int8. bf16: v = acc + off[n] (+ the
-   residual), clamped to [lo, hi] where act is set, rounded to bf16 (to nearest even). */
+   residual), clamped to [lo, hi] or through the GELU (act), rounded to bf16 (to nearest
+   even). */
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -40,7 +41,7 @@ typedef struct {
   int64_t os_img, os_pix, os_ch;               /* output strides */
   int32_t x_zp, out_zp;
   int x_signed, out_kind, path;                /* out_kind: 0 float32, 1 uint8, 2 int8, 3 bf16 */
-  int act;                                     /* bf16: clamp to [lo, hi] */
+  int act;                                     /* bf16: 1 clamp to [lo, hi], 2 GELU (erf) */
   float lo, hi;
 } dp_qgeom;
 
@@ -315,32 +316,31 @@ static void dp_q_micro_bf512x2(const char* a, int64_t lda, const uint16_t* p0, c
 }
 #endif
 
-/* ---- bf16 epilogue: rows [0, rows) of one 16-column panel at n0 ---- */
+/* ---- bf16 epilogue: rows [0, rows) of one 16-column panel at n0; loops of 16 the compiler
+   vectorizes (the erf of the GELU included: dp_erff) ---- */
 static void dp_b_store(const dp_qgeom* g, const float* acc, const int64_t* obase, int64_t rows,
                        int64_t n0, const float* off, const uint16_t* res, void* out) {
-  const int64_t cols = g->n - n0 < DP_QNR ? g->n - n0 : DP_QNR;
+  const int64_t cols = g->n - n0 < DP_QNR ? g->n - n0 : DP_QNR, os = g->os_ch;
+  const int whole = cols == DP_QNR && os == 1;
   for (int64_t r = 0; r < rows; r++) {
-    const int64_t base = obase[r] + n0 * g->os_ch;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (cols == DP_QNR && g->os_ch == 1) {  /* the 16 columns in one vector */
-      __m512 v = _mm512_add_ps(_mm512_loadu_ps(acc + r * 16), _mm512_loadu_ps(off + n0));
-      if (res) v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-          _mm256_loadu_si256((const __m256i*)(res + base))), 16)));
-      if (g->act) v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(g->lo)), _mm512_set1_ps(g->hi));
-      if (g->out_kind == 0) { _mm512_storeu_ps((float*)out + base, v); continue; }
-#ifdef __AVX512BF16__
-      _mm256_storeu_si256((__m256i*)((uint16_t*)out + base), (__m256i)_mm512_cvtneps_pbh(v));
-      continue;
-#endif
-    }
-#endif
-    for (int64_t j = 0; j < cols; j++) {
-      const int64_t o = base + j * g->os_ch;
-      float v = acc[r * DP_QNR + j] + off[n0 + j];
-      if (res) v += dp_bf16_to_f32(res[o]);
-      if (g->act) v = v < g->lo ? g->lo : v > g->hi ? g->hi : v;
-      if (g->out_kind == 0) ((float*)out)[o] = v;
-      else ((uint16_t*)out)[o] = dp_f32_to_bf16(v);
+    const int64_t base = obase[r] + n0 * os;
+    float v[DP_QNR];
+    for (int j = 0; j < DP_QNR; j++) v[j] = acc[r * DP_QNR + j] + off[n0 + j];
+    if (res && whole)
+      for (int j = 0; j < DP_QNR; j++) v[j] += dp_bf16_to_f32(res[base + j]);
+    else if (res)
+      for (int64_t j = 0; j < cols; j++) v[j] += dp_bf16_to_f32(res[base + j * os]);
+    if (g->act == 1)
+      for (int j = 0; j < DP_QNR; j++) v[j] = v[j] < g->lo ? g->lo : v[j] > g->hi ? g->hi : v[j];
+    else if (g->act == 2)
+      for (int j = 0; j < DP_QNR; j++) v[j] = 0.5f * v[j] * (1.0f + dp_erff(v[j] * 0.70710678f));
+    if (g->out_kind == 0) {
+      for (int64_t j = 0; j < cols; j++) ((float*)out)[base + j * os] = v[j];
+    } else if (whole) {
+      uint16_t* o = (uint16_t*)out + base;
+      for (int j = 0; j < DP_QNR; j++) o[j] = dp_f32_to_bf16(v[j]);
+    } else {
+      for (int64_t j = 0; j < cols; j++) ((uint16_t*)out)[base + j * os] = dp_f32_to_bf16(v[j]);
     }
   }
 }

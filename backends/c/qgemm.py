@@ -39,6 +39,7 @@ def padded_k(path: str, k: int) -> int:
     unit = 4 if path in BYTE_PATHS else 2
     return -(-k // unit) * unit
 OUT_CODE = {"float32": 0, "uint8": 1, "int8": 2, "bfloat16": 3}
+ACT_CODE = {"none": 0, "clip": 1, "gelu": 2}
 
 
 def kernel_path(spec: QGemmSpec, w: np.ndarray, path: str) -> str:
@@ -140,7 +141,7 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     kp, np_ = padded_k(s.path, s.k), -(-s.n // NR) * NR
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
-            OUT_CODE[s.out], PATH_CODE[s.path], int(s.act == "clip")]
+            OUT_CODE[s.out], PATH_CODE[s.path], ACT_CODE[s.act]]
     fields = [str(int(v)) for v in geom] + [_float(s.lo), _float(s.hi)]
     args = [names.get(key, "NULL") for key in ("x", "w", "corr", "mult", "off", "zw", "res")]
     return [f"  /* {s.kind} {s.path}: {s.m} x {s.n} x {s.k}, {s.out} out */",

@@ -8,7 +8,8 @@ MatMuls and channels-last convolutions whose weight is a constant, with their ep
 
 Inputs: ``x`` (bfloat16; ``[..., K]``, or NHWC for PackedConv), ``w`` (bfloat16; ``[K, N]``,
 or HWIO), ``bias`` (float32 ``[N]``) and, optionally, ``residual`` (bfloat16, the output's
-shape). ``act``: ``none``, or ``clip`` to ``[lo, hi]`` (a ReLU is ``lo = 0, hi = inf``).
+shape). ``act``: ``none``, ``clip`` to ``[lo, hi]`` (a ReLU is ``lo = 0, hi = inf``), or
+``gelu`` (``v / 2 * (1 + erf(v / sqrt(2)))``, after the residual).
 Products of bf16 values are exact in float32; the sums are float32, rounded to bf16 once, at
 the store. The C backend packs ``w`` into pairs along k at compile time and runs AMX
 (``tdpbf16ps``) or AVX512-BF16 (``vdpbf16ps``) kernels (``backends/c/qgemm.h``).
@@ -19,9 +20,10 @@ import numpy as np
 
 from ..types import DType
 from .contraction import Conv, MatMul
+from .elementwise import Erf
 from .registry import REQUIRED, Kind, define
 
-ACTS = ("none", "clip")
+ACTS = ("none", "clip", "gelu")
 
 
 def _check(ins, attrs, out) -> None:
@@ -38,6 +40,9 @@ def _epilogue(acc: np.ndarray, ins, attrs) -> np.ndarray:
         v = v + np.asarray(ins[3]).astype(np.float32)
     if attrs["act"] == "clip":
         v = np.clip(v, np.float32(attrs["lo"]), np.float32(attrs["hi"]))
+    elif attrs["act"] == "gelu":
+        (e,) = Erf.reference([v * np.float32(np.sqrt(0.5))], {})
+        v = (np.float32(0.5) * v * (np.float32(1) + e)).astype(np.float32)
     return v.astype(DType.bfloat16.np)
 
 

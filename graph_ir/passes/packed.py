@@ -8,7 +8,9 @@ tried to a fixpoint (each on a value only the next node reads):
    group 1, 2-D, ``W`` constant) -> the packed op, bias ``b`` (or 0) in float32;
 2. ``Add(P, c)`` with ``c`` a constant per output channel (or scalar) -> ``c`` joins the bias;
 3. ``Add(P, r)`` with ``r`` of the output's shape -> ``r`` is the residual (read in the store);
-4. ``Relu(P)``, ``Max(P, lo)``, ``Min(P, hi)`` (a Clip) -> the epilogue's clamp.
+4. ``Relu(P)``, ``Max(P, lo)``, ``Min(P, hi)`` (a Clip) -> the epilogue's clamp;
+5. an erf GELU of ``P`` (``Mul``, ``Div``, ``Erf``, ``Add`` in whatever arrangement the exporter
+   wrote, recognised by evaluating them on sample points) -> ``act=gelu``.
 
 Before: ``%y = Relu(Add(Conv(%x, %w, %b), %r))`` (four passes over memory in two kernels
 once fused). After: ``%y = PackedConv(%x, %w, %b32, %r) {act=clip, lo=0, hi=inf}``.
@@ -111,8 +113,59 @@ def clamp(node: Node, rw: Rewriter) -> Value | None:
     return rw.emit(p.op.name, list(p.inputs), p.name, **dict(p.attrs, act="clip", lo=lo, hi=hi))
 
 
+GELU_OPS = ("Mul", "Div", "Add", "Sub", "Erf")
+GELU_SAMPLES = np.linspace(-6.0, 6.0, 97, dtype=np.float32)
+
+
+def _gelu_chain(node: Node, rw: Rewriter) -> tuple[list[Node], Value] | None:
+    """The nodes from ``node`` back to the one non-constant value they all read (a packed op's
+    output), each value read only inside the chain; else None."""
+    chain, leaves, todo = {}, set(), [node]
+    while todo:
+        n = todo.pop()
+        if n.op.name not in GELU_OPS or len(chain) > 8:
+            return None
+        chain[n] = None
+        for v in n.inputs:
+            src = rw.prod(v)
+            if v is None or rw.const(v) is not None:
+                continue
+            if src is not None and src.op.name in PACKED:
+                leaves.add(v)
+            elif src is not None and src not in chain:
+                todo.append(src)
+            elif src is None:
+                return None
+    if len(leaves) != 1:
+        return None
+    reads = [v for n in chain for v in n.inputs]
+    inner = [o for n in chain if n is not node for o in n.outputs] + list(leaves)
+    if any(rw.uses.get(v, 0) != reads.count(v) or v in rw.g.outputs for v in inner):
+        return None
+    return [n for n in rw.nodes if n in chain] + [node], leaves.pop()
+
+
+def gelu(node: Node, rw: Rewriter) -> Value | None:
+    found = _gelu_chain(node, rw) if node.outputs[0].dtype is BF16 else None
+    if found is None or not any(n.op.name == "Erf" for n in found[0]):
+        return None
+    chain, leaf = found
+    p = rw.prod(leaf)
+    if p.attrs["act"] != "none":
+        return None
+    env = {leaf: GELU_SAMPLES}
+    for n in chain:
+        ins = [env[v] if v in env else np.asarray(rw.const(v), np.float32) for v in n.inputs]
+        env[n.outputs[0]] = np.asarray(n.op.reference(ins, n.attrs)[0], np.float32)
+    x = GELU_SAMPLES.astype(np.float64)
+    exact = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    if not np.all(np.abs(env[node.outputs[0]] - exact) <= 1e-2 * (1 + np.abs(x))):
+        return None
+    return rw.emit(p.op.name, list(p.inputs), p.name, **dict(p.attrs, act="gelu"))
+
+
 RULES = [("MatMul", contraction), ("Conv", contraction), ("Add", add), ("Relu", clamp),
-         ("Max", clamp), ("Min", clamp)]
+         ("Max", clamp), ("Min", clamp), ("Mul", gelu)]
 
 
 def pack_bf16(g, target=None):
