@@ -62,18 +62,18 @@ def _rounded_model(model):
     return m
 
 
-def _conv_model(c, n, hw, k, stride=1, pad=0, residual=False, act="relu"):
+def _conv_model(c, n, hw, k, stride=1, pad=0, residual=False, act="relu", batch=1):
     w = (RNG.standard_normal((n, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
     b = RNG.standard_normal(n).astype(np.float32) * 0.1
     oh = (hw[0] + 2 * pad - k) // stride + 1
     ow = (hw[1] + 2 * pad - k) // stride + 1
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[k, k],
                               strides=[stride, stride], pads=[pad] * 4)]
-    inputs = [("x", np.float32, [1, c, *hw])]
+    inputs = [("x", np.float32, [batch, c, *hw])]
     last = "y"
     if residual:
         nodes.append(helper.make_node("Add", ["y", "r"], ["s"]))
-        inputs.append(("r", np.float32, [1, n, oh, ow]))
+        inputs.append(("r", np.float32, [batch, n, oh, ow]))
         last = "s"
     inits = {"w": w, "b": b}
     if act == "relu":
@@ -82,9 +82,9 @@ def _conv_model(c, n, hw, k, stride=1, pad=0, residual=False, act="relu"):
         inits.update(lo=np.float32(0), hi=np.float32(6))
         nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["out"]))
     model = make_model(nodes, inputs, [("out", np.float32, None)], inits)
-    feed = {"x": RNG.standard_normal((1, c, *hw)).astype(np.float32)}
+    feed = {"x": RNG.standard_normal((batch, c, *hw)).astype(np.float32)}
     if residual:
-        feed["r"] = RNG.standard_normal((1, n, oh, ow)).astype(np.float32)
+        feed["r"] = RNG.standard_normal((batch, n, oh, ow)).astype(np.float32)
     return model, feed
 
 
@@ -96,6 +96,14 @@ def _conv_model(c, n, hw, k, stride=1, pad=0, residual=False, act="relu"):
 ])
 def test_conv(target, c, n, hw, k, stride, pad):
     model, feed = _conv_model(c, n, hw, k, stride, pad)
+    _check(model, feed, target)
+
+
+@pytest.mark.parametrize("stride,hw,batch", [(1, (10, 21), 2), (2, (9, 15), 1), (1, (7, 7), 3)])
+def test_conv_from_padded_input(target, stride, hw, batch):
+    # 3 x 3 windows over 64 channels: on AMX the tiles read a zero-padded copy of the input
+    # (16 output pixels of a row per tile, partial last segments, several images)
+    model, feed = _conv_model(64, 40, hw, 3, stride, 1, residual=True, batch=batch)
     _check(model, feed, target)
 
 
