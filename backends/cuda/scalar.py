@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from ...graph_ir.sym import Sym
 from ...graph_ir.types import DType
-from ...tensor_ir.expr import Cast, Const, Expr, Reduce, Select, walk
-from ..c.render import CRenderer, compute_type
+from ...tensor_ir.expr import Cast, Const, Expr, Reduce, Select, U, Unary, walk
+from ..c.render import CRenderer, _fsuffix, compute_type
 from .sizes import cu_size
 
 STORAGE = {DType.float16: "dp_half"}  # storage types that differ from DType.c_type
@@ -76,6 +76,11 @@ class CudaScalar(CRenderer):
         lines.append(f"{ind}  {name} = {self.expr(e.b, lines, ind + '  ')};")
         lines.append(f"{ind}}}")
         return name
+
+    def _unary(self, e: Unary, x: str) -> str:
+        if e.op is U.ERF:  # CUDA's erff (the C prelude's dp_erff is host code)
+            return f"erf{_fsuffix(e.x.dtype)}({x})"
+        return super()._unary(e, x)
 
     def _load_value(self, buf, raw: str) -> str:
         if buf.dtype is DType.float16:
