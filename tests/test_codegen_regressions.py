@@ -223,3 +223,31 @@ def test_normalization_tail_stages_share_the_rows():
     assert default_schedule(kernel)[1].parallel, default_schedule(kernel)
     alone = Kernel("k_sub", [x_b, m_b], [o_b], [], [norm])
     assert not default_schedule(alone)[0].parallel
+
+
+def test_bf16_store_keeps_exact_values_without_rounding_again(tmp_path):
+    # relu6 of a bf16-rounded value is a bf16 number: the store takes its top 16 bits
+    # (dp_bf16_bits) instead of rounding a second time; a bf16 sum is still rounded
+    import ml_dtypes
+    bf16, f32 = DType.bfloat16, DType.float32
+    n = 1000
+    x_b = Buffer("x", (n,), f32)
+    o_b, s_b = Buffer("o", (n,), bf16), Buffer("s", (n,), bf16)
+
+    def relu6(i):
+        v = cast(x_b[i] * const(1.3, f32), bf16)
+        return binary(B.MIN, binary(B.MAX, v, const(0.0, bf16)), const(6.0, bf16))
+    clamp = Kernel("k_relu6", [x_b], [o_b], [], [compute(o_b, relu6)])
+    src = CRenderer().kernel(clamp, default_schedule(clamp))
+    assert "dp_bf16_bits(" in src
+    added = Kernel("k_add", [x_b], [s_b], [], [compute(
+        s_b, lambda i: cast(x_b[i], bf16) + cast(x_b[i] * const(0.3, f32), bf16))])
+    assert "dp_bf16_bits(" not in CRenderer().kernel(added, default_schedule(added))
+    x = np.random.default_rng(7).uniform(-10, 10, n).astype(np.float32)
+    x[:3] = [np.nan, np.inf, -np.inf]
+    out = np.zeros(n, np.uint16)
+    _run(clamp, [x, out], tmp_path)
+    ref = np.clip((x * np.float32(1.3)).astype(ml_dtypes.bfloat16).astype(np.float32), 0, 6)
+    got = out.view(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(got[3:], ref[3:])
+    assert np.isnan(got[0]) and got[1] == 6 and got[2] == 0

@@ -53,6 +53,9 @@ static inline double dp_erf(double x) { return erf(x); }
 static inline float dp_bf16_to_f32(uint16_t b) {
     uint32_t u = ((uint32_t)b) << 16; float f; memcpy(&f, &u, 4); return f;
 }
+static inline uint16_t dp_bf16_bits(float f) {  /* f already is a bf16 number: exact */
+    uint32_t u; memcpy(&u, &f, 4); return (uint16_t)(u >> 16);
+}
 static inline uint16_t dp_f32_to_bf16(float f) {
     /* branch-free (a select), so loops of conversions vectorize */
     uint32_t u; memcpy(&u, &f, 4);

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
+
 from ...graph_ir.sym import Sym, free_symbols, hint, smax
 from ...graph_ir.types import DType
 from ...tensor_ir.attention import AttentionStage
@@ -222,7 +224,7 @@ class CRenderer:
                                  simd=_simd_safe(st))
         ind = "  " * (depth + 1)
         body = self.expr(st.body, lines, ind)
-        lines.append(ind + self._store(st, out, body))
+        lines.append(ind + self._store(st, out, body, st.body))
         self._close_loops(lines, depth)
         return ["  {"] + lines + ["  }"]
 
@@ -438,7 +440,7 @@ class CRenderer:
         lines.append(f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")
         target = f"{_ident(out.name)}[{self.flat(out, [tile.get(v, v) for v in st.vars])}]"
         value = self.expr(epi, lines, ind + "  ")
-        lines.append(f"{ind}  {target} = {self._to_storage(out.dtype, value)};")
+        lines.append(f"{ind}  {target} = {self._stored(out.dtype, value, epi)};")
         lines.append(f"{ind}}}")
         return lines
 
@@ -496,7 +498,7 @@ class CRenderer:
         lines.append(f"{ind}for (int ii_ = 0; ii_ < {mr}; ++ii_) "
                      f"for (int jj_ = 0; jj_ < {store or nr}; ++jj_) {{")
         target = f"{_ident(out.name)}[{self.flat(out, [tile.get(v, v) for v in st.vars])}]"
-        lines.append(f"{ind}  {target} = {self._to_storage(out.dtype, self.expr(epi, lines, ind))};")
+        lines.append(f"{ind}  {target} = {self._stored(out.dtype, self.expr(epi, lines, ind), epi)};")
         lines.append(f"{ind}}}")
         return lines
 
@@ -563,14 +565,22 @@ class CRenderer:
         for k in reversed(range(depth)):
             lines.append("  " * (base + k + 1) + "}")
 
-    def _store(self, st: Stage, out: Buffer, value: str) -> str:
+    def _store(self, st: Stage, out: Buffer, value: str, e: Expr | None = None) -> str:
         index = st.store_index if st.store_index is not None else st.vars
         target = f"{_ident(out.name)}[{self.flat(out, index)}]"
         if st.accumulate:
             cur = self._load_value(out, target)
             value = {"add": f"({cur} + {value})", "mul": f"({cur} * {value})",
                      "max": f"DP_MAX({cur}, {value})", "min": f"DP_MIN({cur}, {value})"}[st.accumulate]
-        return f"{target} = {self._to_storage(out.dtype, value)};"
+            e = None
+        return f"{target} = {self._stored(out.dtype, value, e)};"
+
+    def _stored(self, dtype: DType, value: str, e: Expr | None) -> str:
+        """``value`` (the rendering of ``e``) in ``dtype``'s storage; a value that already is
+        a bf16 number (``bf16_exact``) keeps its top 16 bits instead of being rounded again."""
+        if dtype is DType.bfloat16 and e is not None and bf16_exact(e):
+            return f"dp_bf16_bits({value})"
+        return self._to_storage(dtype, value)
 
     # ---- expressions ----------------------------------------------------------------------
     def flat(self, buf: Buffer, index) -> str:
@@ -744,6 +754,24 @@ class CRenderer:
     def _fresh(self, prefix: str) -> str:
         self._tmp += 1
         return f"{prefix}{self._tmp}"
+
+
+def bf16_exact(e: Expr) -> bool:
+    """Whether ``e`` renders as a float that is exactly a bf16 number: a bf16 load or cast, a
+    constant that is one, and max / min / select of such values (as a clamp after a bf16
+    convolution is)."""
+    if isinstance(e, Load):
+        return e.dtype is DType.bfloat16
+    if isinstance(e, Cast):
+        return e.dtype is DType.bfloat16
+    if isinstance(e, Const):
+        v = np.float32(e.value) if isinstance(e.value, int | float) else None
+        return v is not None and (v.view(np.uint32) & 0xFFFF) == 0
+    if isinstance(e, Binary) and e.op in (B.MAX, B.MIN) and e.dtype is DType.bfloat16:
+        return bf16_exact(e.a) and bf16_exact(e.b)
+    if isinstance(e, Select) and e.dtype is DType.bfloat16:
+        return bf16_exact(e.a) and bf16_exact(e.b)
+    return False
 
 
 def _row_index(vars_, extents) -> str:
