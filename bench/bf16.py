@@ -93,7 +93,7 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     print("| model | compile s | deploy bf16 ms | deploy bf16 loops ms | deploy fp32 ms | "
           "OpenVINO default ms | OpenVINO f32 ms | ORT fp32 ms | OpenVINO default precision | "
-          "deploy bf16 / OpenVINO default | deploy fp32 / OpenVINO f32 | rel L2 deploy bf16 | "
+          "deploy/OpenVINO (bf16) | deploy/OpenVINO (fp32) | rel L2 deploy bf16 | "
           "rel L2 OpenVINO default |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     for name in a.models:
