@@ -90,7 +90,7 @@ def _conv_model(c, n, hw, k, stride=1, pad=0, residual=False, act="relu", batch=
 
 @pytest.mark.parametrize("c,n,hw,k,stride,pad", [
     (64, 40, (5, 7), 1, 1, 0),    # rows in place (k = 64: AMX tiles), partial row block and panel
-    (34, 20, (6, 6), 1, 1, 0),    # k = 34: pairs (no whole tile rows)
+    (34, 20, (6, 6), 3, 1, 1),    # k = 306: pairs (no whole tile rows)
     (32, 48, (9, 9), 3, 2, 1),    # im2col rows with padding, k = 288
     (3, 16, (17, 17), 7, 2, 3),   # a 7 x 7 stem on 3 channels (k padded 147 -> 160)
 ])
@@ -114,7 +114,7 @@ def test_conv_residual_epilogue(target, act):
     assert len(art.manifest["kernels"]) <= 3  # conv + residual + clamp in one kernel
 
 
-@pytest.mark.parametrize("k,n", [(64, 40), (34, 20)])
+@pytest.mark.parametrize("k,n", [(64, 40), (66, 20)])
 def test_matmul_bias_relu(target, k, n):
     w = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     b = RNG.standard_normal(n).astype(np.float32)
@@ -149,6 +149,12 @@ def test_matmul_gelu_epilogue(target, form):
     model = make_model(nodes, [("x", np.float32, [3, 5, k])], [("out", np.float32, None)], inits)
     art = _check(model, {"x": RNG.standard_normal((3, 5, k)).astype(np.float32)}, target)
     assert not any("Erf" in k.get("note", "") for k in art.manifest["kernels"])
+
+
+def test_few_products_per_output_stay_loops(target):
+    model, feed = _conv_model(32, 48, (6, 6), 1)  # 32 products per output
+    art = deploy.compile(model, target=target, dtype="bf16")
+    assert not any("Packed" in k.get("note", "") for k in art.manifest["kernels"])
 
 
 def test_depthwise_and_activation_products_stay_loops(target):

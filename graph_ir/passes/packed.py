@@ -14,8 +14,9 @@ tried to a fixpoint (each on a value only the next node reads):
 
 Before: ``%y = Relu(Add(Conv(%x, %w, %b), %r))`` (four passes over memory in two kernels
 once fused). After: ``%y = PackedConv(%x, %w, %b32, %r) {act=clip, lo=0, hi=inf}``.
-Contractions with symbolic shapes, NCHW convolutions and grouped (depthwise) ones keep the
-float32 loops; so do MatMuls of two activations (attention's).
+Contractions with symbolic shapes, fewer than ``MIN_K`` products per output, NCHW convolutions
+and grouped (depthwise) ones keep the float32 loops; so do MatMuls of two activations
+(attention's).
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ from .rewrite import Rewriter, rewrite
 BF16 = DType.bfloat16
 PACKED = ("PackedMatMul", "PackedConv")
 F32 = Value("f32", TensorType((), DType.float32))  # (the type of new float32 constants)
+# products per output below which the float32 loops win: MobileNetV2's 1 x 1 convolutions over
+# 16-32 channels spend their time in the packed kernel's epilogue (docs/benchmarks.md)
+MIN_K = 64
 
 
 def _static(*values: Value) -> bool:
@@ -45,6 +49,8 @@ def contraction(node: Node, rw: Rewriter) -> Value | None:
             or not _static(x, out):
         return None
     n = arr.shape[-1]
+    if arr.size // n < MIN_K:
+        return None
     if node.op.name == "MatMul":
         if arr.ndim != 2 or len(x.shape) < 2 or node.attrs.get("out_dtype") is not None:
             return None
