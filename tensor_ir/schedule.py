@@ -483,8 +483,9 @@ def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None,
     out = []
     # a normalization's elementwise stages share the rows as its statistics do (BERT-base's
     # LayerNorm over 128 x 768 on 16 threads: 160 us with its last two stages on one thread)
-    rows = any(rule_dot(st) is not None for st in kernel.stages
-               if not isinstance(st, AttentionStage | QGemmStage))
+    rows = any(rule_dot(hinted(st)) is not None for st in kernel.stages
+               if not isinstance(st, AttentionStage | QGemmStage)
+               and not (st.store_index is not None and _symbolic(st)))
     for k, stage in enumerate(kernel.stages):
         if isinstance(stage, AttentionStage):  # a template of its own (backends render it)
             out.append(StageSchedule(template="attention"))
