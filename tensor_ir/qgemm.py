@@ -73,7 +73,7 @@ def qgemm_spec(ctx) -> QGemmSpec:
     """The spec of a QMatMul / QConv node being lowered (``ctx``: its ``LowerCtx``)."""
     node, x, out = ctx.node, ctx.ins[0], ctx.out
     if node.op.name.startswith("Packed"):
-        common = {"x_signed": False, "x_zp": 0, "out": "bfloat16", "out_zp": 0, "kind": "bf16",
+        common = {"x_signed": False, "x_zp": 0, "out": ctx.attr("out"), "out_zp": 0, "kind": "bf16",
                   "act": ctx.attr("act"), "lo": float(ctx.attr("lo")),
                   "hi": float(ctx.attr("hi")), "residual": len(ctx.ins) > 3}
     else:

@@ -20,7 +20,9 @@ import deploy
 import ml_dtypes
 import numpy as np
 import pytest
+from deploy import compiler
 from deploy.errors import TargetError
+from deploy.graph_ir.types import DType
 from deploy.targets.target import load_target
 
 from .util import helper, make_model, run_ort
@@ -181,3 +183,93 @@ def test_bad_bf16_key(tmp_path):
     path.write_text("name: t\nkind: cpu\nvendor: generic\nbackend: c\narch: native\nbf16: amx\n")
     with pytest.raises(TargetError, match="key 'bf16' must be one of"):
         load_target(str(path))
+
+
+def _inverted_residual():
+    """MobileNetV2's block: a packed 1 x 1 projection (64 -> 32) whose result feeds both the
+    next block's narrow expansion (32 -> 96, ReLU6), then a depthwise 3 x 3 (ReLU6) and a packed
+    projection back to 32 channels, and that projection's shortcut add."""
+    def w(*shape):
+        return (RNG.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+    inits = {"w1": w(32, 64, 1, 1), "we": w(96, 32, 1, 1), "wd": w(96, 1, 3, 3),
+             "wp": w(32, 96, 1, 1), "lo": np.float32(0), "hi": np.float32(6)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["p1"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["p1", "we"], ["e"], kernel_shape=[1, 1]),
+             helper.make_node("Clip", ["e", "lo", "hi"], ["e6"]),
+             helper.make_node("Conv", ["e6", "wd"], ["d"], kernel_shape=[3, 3], pads=[1] * 4,
+                              group=96),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["d6"]),
+             helper.make_node("Conv", ["d6", "wp"], ["p2"], kernel_shape=[1, 1]),
+             helper.make_node("Add", ["p2", "p1"], ["out"])]
+    model = make_model(nodes, [("x", np.float32, [1, 64, 10, 10])], [("out", np.float32, None)],
+                       inits)
+    return model, {"x": RNG.standard_normal((1, 64, 10, 10)).astype(np.float32)}
+
+
+def _until_bf16_dot(model, target):
+    """The graph after the ``bf16_dot`` pass (before fusion)."""
+    from deploy.graph_ir.passes.pipeline import PIPELINE
+    g, _ = compiler.import_model(model)
+    for name, fn in PIPELINE:
+        g = fn(g, target, **({"dtype": "bf16"} if name == "precision" else {}))
+        if name == "bf16_dot":
+            return g
+
+
+def test_inverted_residual_block_types(target):
+    # what the dot products do not take stays float32: the depthwise convolution (storage
+    # included; the casts around it go into the neighbouring loops' epilogues), while the narrow
+    # expansion reads its bf16 input as it is; no projection is computed twice for its two
+    # readers (the shortcut and the expansion)
+    model = _inverted_residual()[0]
+    g = _until_bf16_dot(model, target)
+    packed = [n for n in g.nodes if n.op.name == "PackedConv"]
+    convs = {n.attrs["group"]: n for n in g.nodes if n.op.name == "Conv"}
+    assert len(packed) == 2 and len(convs) == 2, [n.op.name for n in g.nodes]
+    assert convs[96].inputs[0].dtype is DType.float32
+    assert convs[96].outputs[0].dtype is DType.float32
+    assert convs[1].inputs[0].dtype is DType.bfloat16
+    assert sum(len(n.inputs) > 3 for n in packed) == 1  # the shortcut in one epilogue
+    notes = [k["note"] for k in deploy.compile(model, target=target, dtype="bf16")
+             .manifest["kernels"]]
+    assert len(notes) == 6 and sum(n.startswith("contraction: Conv") for n in notes) == 2, notes
+
+
+def test_inverted_residual_block_numerics(target):
+    model, feed = _inverted_residual()
+    art = deploy.compile(model, target=target, dtype="bf16")
+    ours = art.load().run(feed)[0]
+    ref = run_ort(model, feed)[0]
+    err = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
+    assert err < 1e-2, err
+
+
+def test_packed_result_read_by_float32_loops(target):
+    # a packed 1 x 1 convolution (64 -> 96) read by a depthwise one stores float32 (out=float32)
+    def w(*shape):
+        return (RNG.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "we"], ["e"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["e"], ["r"]),
+             helper.make_node("Conv", ["r", "wd"], ["out"], kernel_shape=[3, 3], pads=[1] * 4,
+                              group=96)]
+    model = make_model(nodes, [("x", np.float32, [1, 64, 7, 9])], [("out", np.float32, None)],
+                       {"we": w(96, 64, 1, 1), "wd": w(96, 1, 3, 3)})
+    g = _until_bf16_dot(model, target)
+    (p,) = [n for n in g.nodes if n.op.name == "PackedConv"]
+    assert p.attrs["out"] == "float32" and p.attrs["act"] == "clip"
+    feed = {"x": RNG.standard_normal((1, 64, 7, 9)).astype(np.float32)}
+    art = deploy.compile(model, target=target, dtype="bf16")
+    ours = art.load().run(feed)[0]
+    # the only roundings left: x and the 1 x 1 weight to bf16 (the depthwise weight stays fp32)
+    from onnx import numpy_helper
+    m = _rounded_model(model)
+    for init in m.graph.initializer:
+        if init.name == "wd":
+            init.CopyFrom(numpy_helper.from_array(_orig(model, "wd"), "wd"))
+    ref = run_ort(m, {"x": _bf16(feed["x"])})[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def _orig(model, name):
+    from onnx import numpy_helper
+    return next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == name)

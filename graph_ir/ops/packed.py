@@ -9,7 +9,8 @@ MatMuls and channels-last convolutions whose weight is a constant, with their ep
 Inputs: ``x`` (bfloat16; ``[..., K]``, or NHWC for PackedConv), ``w`` (bfloat16; ``[K, N]``,
 or HWIO), ``bias`` (float32 ``[N]``) and, optionally, ``residual`` (bfloat16, the output's
 shape). ``act``: ``none``, ``clip`` to ``[lo, hi]`` (a ReLU is ``lo = 0, hi = inf``), or
-``gelu`` (``v / 2 * (1 + erf(v / sqrt(2)))``, after the residual).
+``gelu`` (``v / 2 * (1 + erf(v / sqrt(2)))``, after the residual); ``out``: ``bfloat16``, or
+``float32`` where float32 loops read the result (a depthwise convolution's input).
 Products of bf16 values are exact in float32; the sums are float32, rounded to bf16 once, at
 the store. The C backend packs ``w`` into pairs along k at compile time and runs AMX
 (``tdpbf16ps``) or AVX512-BF16 (``vdpbf16ps``) kernels (``backends/c/qgemm.h``).
@@ -24,6 +25,7 @@ from .elementwise import Erf
 from .registry import REQUIRED, Kind, define
 
 ACTS = ("none", "clip", "gelu")
+OUTS = ("bfloat16", "float32")
 
 
 def _check(ins, attrs, out) -> None:
@@ -43,7 +45,13 @@ def _epilogue(acc: np.ndarray, ins, attrs) -> np.ndarray:
     elif attrs["act"] == "gelu":
         (e,) = Erf.reference([v * np.float32(np.sqrt(0.5))], {})
         v = (np.float32(0.5) * v * (np.float32(1) + e)).astype(np.float32)
-    return v.astype(DType.bfloat16.np)
+    return v if attrs["out"] == "float32" else v.astype(DType.bfloat16.np)
+
+
+def _out_dtype(ins, attrs):
+    if attrs["out"] not in OUTS:
+        raise ValueError(f"out '{attrs['out']}' is not one of {OUTS}")
+    return [DType.float32 if attrs["out"] == "float32" else DType.bfloat16]
 
 
 def _matmul_shape(ins, attrs):
@@ -57,10 +65,11 @@ def _matmul_ref(ins, attrs):
     return [_epilogue(acc, ins, attrs)]
 
 
-PackedMatMul = define("PackedMatMul", Kind.OPAQUE, _matmul_shape,
-                      lambda ins, a: [DType.bfloat16], _matmul_ref, act="none", lo=0.0, hi=0.0,
+PackedMatMul = define("PackedMatMul", Kind.OPAQUE, _matmul_shape, _out_dtype, _matmul_ref,
+                      act="none", lo=0.0, hi=0.0, out="bfloat16",
                       doc="bf16 x[..., K] @ constant w[K, N] in float32 sums, then + bias[N] "
-                          "(+ residual), clipped to [lo, hi] when act is clip, stored as bf16.")
+                          "(+ residual), clipped to [lo, hi] when act is clip, stored as bf16 "
+                          "(or float32: out).")
 
 
 def _conv_attrs(attrs) -> dict:
@@ -80,8 +89,8 @@ def _conv_ref(ins, attrs):
     return [_epilogue(acc, ins, attrs)]
 
 
-PackedConv = define("PackedConv", Kind.OPAQUE, _conv_shape, lambda ins, a: [DType.bfloat16],
-                    _conv_ref, strides=REQUIRED, pads=REQUIRED, dilations=REQUIRED, act="none",
-                    lo=0.0, hi=0.0,
+PackedConv = define("PackedConv", Kind.OPAQUE, _conv_shape, _out_dtype, _conv_ref,
+                    strides=REQUIRED, pads=REQUIRED, dilations=REQUIRED, act="none", lo=0.0,
+                    hi=0.0, out="bfloat16",
                     doc="2-D channels-last convolution (group 1) of bf16 x and constant HWIO w "
                         "with the PackedMatMul epilogue.")

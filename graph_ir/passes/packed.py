@@ -10,7 +10,8 @@ tried to a fixpoint (each on a value only the next node reads):
 3. ``Add(P, r)`` with ``r`` of the output's shape -> ``r`` is the residual (read in the store);
 4. ``Relu(P)``, ``Max(P, lo)``, ``Min(P, hi)`` (a Clip) -> the epilogue's clamp;
 5. an erf GELU of ``P`` (``Mul``, ``Div``, ``Erf``, ``Add`` in whatever arrangement the exporter
-   wrote, recognised by evaluating them on sample points) -> ``act=gelu``.
+   wrote, recognised by evaluating them on sample points) -> ``act=gelu``;
+6. ``Cast(P, float32)`` (float32 loops read it: a depthwise convolution) -> ``out=float32``.
 
 Before: ``%y = Relu(Add(Conv(%x, %w, %b), %r))`` (four passes over memory in two kernels
 once fused). After: ``%y = PackedConv(%x, %w, %b32, %r) {act=clip, lo=0, hi=inf}``.
@@ -119,6 +120,14 @@ def clamp(node: Node, rw: Rewriter) -> Value | None:
     return rw.emit(p.op.name, list(p.inputs), p.name, **dict(p.attrs, act="clip", lo=lo, hi=hi))
 
 
+def widen(node: Node, rw: Rewriter) -> Value | None:
+    """``Cast(P, float32)`` -> P storing its float32 sums (no bf16 rounding, no cast kernel)."""
+    p = _packed(rw, node.inputs[0])
+    if p is None or node.attrs["to"] is not DType.float32 or p.attrs["out"] != "bfloat16":
+        return None
+    return rw.emit(p.op.name, list(p.inputs), p.name, **dict(p.attrs, out="float32"))
+
+
 GELU_OPS = ("Mul", "Div", "Add", "Sub", "Erf")
 GELU_SAMPLES = np.linspace(-6.0, 6.0, 97, dtype=np.float32)
 
@@ -171,7 +180,31 @@ def gelu(node: Node, rw: Rewriter) -> Value | None:
 
 
 RULES = [("MatMul", contraction), ("Conv", contraction), ("Add", add), ("Relu", clamp),
-         ("Max", clamp), ("Min", clamp), ("Mul", gelu)]
+         ("Max", clamp), ("Min", clamp), ("Mul", gelu), ("Cast", widen)]
+
+
+def loop_contractions(g, target) -> tuple[set[str], set[str]]:
+    """The contractions ``--dtype bf16`` leaves to the float32 loops on a ``dot`` target, as
+    two sets of node names for ``precision``: grouped (depthwise) convolutions, kept float32
+    (storage included: on bf16 storage the loops widen each of the 9-49 inputs a depthwise
+    output reads, 2 more instructions per multiply-add; MobileNetV2's bf16 loops took 1.5x its
+    float32 build, docs/benchmarks.md), and those of fewer than ``MIN_K`` products per output
+    over a constant weight, which follow their input (a float32 input, the stem's image or a
+    depthwise result, is not rounded to bf16 for them; a bf16 one is read as it is)."""
+    if target is None or target.bf16_path() != "dot":
+        return set(), set()
+    keep, follow = set(), set()
+    for node in g.nodes:
+        if node.op.name not in ("Conv", "MatMul") or len(node.inputs) < 2:
+            continue
+        w = g.constants.get(node.inputs[1])
+        if w is None:
+            continue
+        if node.op.name == "Conv" and node.attrs.get("group", 1) != 1:
+            keep.add(node.name)
+        elif w.size // max(w.shape[-1], 1) < MIN_K:
+            follow.add(node.name)
+    return keep, follow
 
 
 def pack_bf16(g, target=None):

@@ -37,6 +37,7 @@ from ..ops import Kind, contraction, nn, reduction
 from ..ops import elementwise as ew
 from ..types import DType, TensorType
 from .fp8 import FP8, add_fp8, calibrate, fp8_weight
+from .packed import loop_contractions
 from .simplify import simplify
 
 HALF_NAMES = {"fp16": DType.float16, "float16": DType.float16, "half": DType.float16,
@@ -103,11 +104,11 @@ def policy(node: Node) -> Policy:
 class _Converter:
     """Rebuilds the graph node by node; ``cur[v]`` is the value now standing for original ``v``.
     ``keep``: names of nodes kept in float32 whatever their policy (the ``--max-error`` guard's
-    choice, ``precision_guard.py``)."""
+    choice, ``precision_guard.py``); ``follow``: names of nodes whose policy is FOLLOW."""
 
     def __init__(self, g: Graph, half: DType, keep: frozenset = frozenset(),
-                 amax: dict[str, float] | None = None):
-        self.g, self.half, self.keep = g, half, keep
+                 amax: dict[str, float] | None = None, follow: frozenset = frozenset()):
+        self.g, self.half, self.keep, self.follow = g, half, keep, follow
         self.amax = amax  # fp8: calibrated ranges of the GEMM inputs (None: no fp8)
         self.constants = dict(g.constants)
         self.nodes: list[Node] = []
@@ -176,7 +177,8 @@ class _Converter:
         if fp8 and node.name in self.keep:  # a kept fp8 GEMM runs one type wider: fp16
             fp8, pol = False, Policy.HALF
         else:
-            pol = Policy.FP32 if node.name in self.keep else policy(node)
+            pol = Policy.FP32 if node.name in self.keep else \
+                Policy.FOLLOW if node.name in self.follow else policy(node)
         if pol is Policy.FOLLOW:  # half when every computed float operand is half already
             dts = {self.now(v).dtype for v in floats if v not in self.constants}
             pol = Policy.HALF if dts == {self.half} else Policy.FP32
@@ -244,7 +246,11 @@ def convert_precision(g: Graph, target=None, dtype=None, keep_fp32=(),
         amax = calibration
         if amax is None:
             amax = calibrate(g, check_inputs(g)) if _static(g) else {}
-    conv = _Converter(g, half, frozenset(keep_fp32), amax)
+    follow = set()
+    if half is DType.bfloat16:  # what the CPU's bf16 dot products will not take
+        keep, follow = loop_contractions(g, target)
+        keep_fp32 = set(keep_fp32) | keep
+    conv = _Converter(g, half, frozenset(keep_fp32), amax, frozenset(follow))
     for node in g.nodes:
         conv.visit(node)
     return simplify(conv.finish())  # a model's own cast chains meet ours; dead constants go

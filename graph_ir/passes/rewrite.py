@@ -102,6 +102,10 @@ def _round(g: Graph, by_op) -> tuple[Graph, int]:
                     break
         if replacement is not None and replacement.type == node.outputs[0].type:
             subst[node.outputs[0]] = replacement
+            # the replacement is read wherever the old value was: a later rule of this round
+            # must not take it for a single-use value and fold it into one reader (duplicating
+            # its producer for the others)
+            rw.uses[replacement] = rw.uses.get(replacement, 0) + rw.uses.get(node.outputs[0], 0)
             fired += 1
         else:
             rw.add(node)
