@@ -188,6 +188,11 @@ CONVS = {
     "1x1_stride2": ({"kernel_shape": [1, 1], "strides": [2, 2]}, (1, 32, 8, 8), (40, 32, 1, 1)),
     "7x7_stem": ({"kernel_shape": [7, 7], "pads": [3, 3, 3, 3], "strides": [2, 2]},
                  (1, 3, 20, 20), (16, 3, 7, 7)),
+    # channels in whole 64-byte steps: on AMX (uint8 activations) the padded-input path, with
+    # partial 16-pixel segments, two images and an odd number of segments
+    "3x3_c64": ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, (2, 64, 5, 19), (40, 64, 3, 3)),
+    "3x3_c128_stride2": ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]},
+                         (1, 128, 13, 21), (48, 128, 3, 3)),
 }
 
 

@@ -661,8 +661,12 @@ static void dp_q_run(const dp_qgeom* g, const char* a, int64_t lda, int in_place
   const int64_t rowb = kq * 4, rblocks = (rows + DP_QMR - 1) / DP_QMR, pix = g->oh * g->ow;
   int64_t* obase = (int64_t*)local;  /* where each row's outputs start */
   char* tail = local + (size_t)rows * 8;  /* a last, partial block of rows read in place */
-  for (int64_t r = 0; r < rows; r++)
-    obase[r] = ((m0 + r) / pix) * g->os_img + ((m0 + r) % pix) * g->os_pix;
+  int64_t img = m0 / pix, px = m0 % pix;  /* (two divisions per row cost as much as a small
+                                             contraction's epilogue) */
+  for (int64_t r = 0; r < rows; r++) {
+    obase[r] = img * g->os_img + px * g->os_pix;
+    if (++px == pix) px = 0, img++;
+  }
 #ifdef DP_QAMX
   if (amx) {
     dp_q_run_amx(g, a, lda, in_place, rows, p0, p1, kq, q, rsum, obase, tail);
@@ -722,110 +726,142 @@ static int32_t dp_q_pack_row(const dp_qgeom* g, const void* x, int64_t m, char* 
 static __thread char* dp_qshared_buf;
 static __thread size_t dp_qshared_cap;
 
-#if defined(DP_QAMX) && defined(DP_AMX_BF)
-/* ---- bf16 convolutions on AMX without im2col rows: the input is copied once, zero-padded
-   (a channels-last image of ihp x iwp pixels), and a tile's 16 rows are 16 consecutive output
-   pixels of one output row, which for a window tap (ky, kx) and 32 channels from c0 are 16
-   pixels of one padded input row, sw * c elements apart: one strided tile load. A 3 x 3
-   convolution reads its input from cache instead of 9 x as many packed rows. Taken where c is
-   a multiple of 32, the input is dense NHWC and the dilation 1. */
+#ifdef DP_QAMX
+/* ---- convolutions on AMX without im2col rows: the input is copied once, padded (a
+   channels-last image of ihp x iwp pixels; bf16 zeros, or uint8 zero points), and a tile's 16
+   rows are 16 consecutive output pixels of one output row, which for a window tap (ky, kx) and
+   64 bytes of channels are 16 pixels of one padded input row, sw * c elements apart: one
+   strided tile load. A 3 x 3 convolution reads its input from cache instead of 9 x as many
+   packed rows. Taken where the channels fill whole 64-byte steps (bf16: c % 32, uint8:
+   c % 64), the input is dense NHWC, the dilation 1, and (int8) the activations are uint8 and
+   the weights have no zero points (no per-row sums). */
 #define DP_DSEG 16
-static int dp_q_direct_conv(const dp_qgeom* g) {
-  return g->path == 4 && g->c % 32 == 0 && g->kh * g->kw > 1 && g->dh == 1 && g->dw == 1 &&
-         g->xs_c == 1 && g->xs_w == g->c && g->xs_h == g->iw * g->c && g->kp == g->kh * g->kw * g->c;
+static int dp_q_direct_conv(const dp_qgeom* g, const dp_qargs* q) {
+  const int bf = g->path == 4, i8 = g->path == 2 && !g->x_signed && !q->zw;
+  return (bf ? g->c % 32 == 0 : i8 && g->c % 64 == 0) && g->kh * g->kw > 1 && g->dh == 1 &&
+         g->dw == 1 && g->xs_c == 1 && g->xs_w == g->c && g->xs_h == g->iw * g->c &&
+         g->kp == g->kh * g->kw * g->c;
 }
 
-/* segments (16 output pixels of one output row) s0, s0 + 1 as a 32-row block against panels
-   [p0, p1); seg: segments per output row; pad: the padded input */
-static void dp_q_dconv_run(const dp_qgeom* g, const uint16_t* pad, int64_t ihp, int64_t iwp,
-                           int64_t seg, int64_t s0, int64_t nseg, int64_t p0, int64_t p1,
-                           const dp_qargs* q) {
+/* the padded input and where it is: ihp x iwp pixels per image, seg segments per output row */
+typedef struct { const char* pad; int64_t ihp, iwp, seg, nseg; } dp_dpad;
+
+/* blocks [b0, b1) (a block: segments 2b, 2b + 1, 32 rows) against panels [p0, p1): for each
+   pair of panels the blocks run one after the other, so the pair's weight (up to 9 * c * 64
+   bytes) is read from memory once and from cache for the other blocks */
+static void dp_q_dconv_run(const dp_qgeom* g, const dp_dpad* d, int64_t b0, int64_t b1,
+                           int64_t p0, int64_t p1, const dp_qargs* q) {
   unsigned char cfg[64] = {1};
   for (int t = 0; t < 8; t++) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
   _tile_loadconfig(cfg);
-  const int64_t kq = g->kp / 2, c = g->c, ld = g->sw * c * 2;
-  const char* a[2];
-  int64_t obase[2][DP_DSEG], valid[2];
-  for (int h = 0; h < 2; h++) {
-    const int64_t s = s0 + h < nseg ? s0 + h : s0;  /* (a missing second segment: recomputed) */
-    const int64_t img = s / (g->oh * seg), oy = s / seg % g->oh, ox0 = s % seg * DP_DSEG;
-    a[h] = (const char*)(pad + ((img * ihp + oy * g->sh) * iwp + ox0 * g->sw) * c);
-    valid[h] = s0 + h < nseg ? (g->ow - ox0 < DP_DSEG ? g->ow - ox0 : DP_DSEG) : 0;
-    for (int64_t r = 0; r < DP_DSEG; r++)
-      obase[h][r] = img * g->os_img + (oy * g->ow + ox0 + r) * g->os_pix;
-  }
-  float acc[4][16 * 16];
+  const int bf = g->path == 4;
+  const int64_t es = bf ? 2 : 1, c = g->c, ld = g->sw * c * es, kq = g->kp * es / 4;
+  int32_t acc[4][16 * 16];
   for (int64_t p = p0; p < p1; p += 2) {
     const int two = p + 1 < p1;
-    const char* b0 = (const char*)q->bp + p * kq * 64;
-    const char* b1 = b0 + kq * 64;
-    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    for (int64_t ky = 0; ky < g->kh; ky++)
-      for (int64_t kx = 0; kx < g->kw; kx++) {
-        const int64_t tap = (ky * iwp + kx) * c * 2, k0 = (ky * g->kw + kx) * c * 2;
-        for (int64_t cb = 0; cb < c * 2; cb += 64) {
-          _tile_loadd(4, a[0] + tap + cb, ld);
-          _tile_loadd(5, a[1] + tap + cb, ld);
-          _tile_loadd(6, b0 + (k0 + cb) * 16, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(2, 5, 6);
-          if (two) {
-            _tile_loadd(7, b1 + (k0 + cb) * 16, 64);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(3, 5, 7);
+    const char* bw0 = (const char*)q->bp + p * kq * 64;
+    const char* bw1 = bw0 + kq * 64;
+    for (int64_t b = b0; b < b1; b++) {
+      const char* a[2];
+      int64_t obase[2][DP_DSEG], valid[2];
+      for (int h = 0; h < 2; h++) {
+        const int64_t s = 2 * b + h < d->nseg ? 2 * b + h : 2 * b;  /* (a missing one: again) */
+        const int64_t img = s / (g->oh * d->seg), oy = s / d->seg % g->oh;
+        const int64_t ox0 = s % d->seg * DP_DSEG;
+        a[h] = d->pad + ((img * d->ihp + oy * g->sh) * d->iwp + ox0 * g->sw) * c * es;
+        valid[h] = 2 * b + h < d->nseg ? (g->ow - ox0 < DP_DSEG ? g->ow - ox0 : DP_DSEG) : 0;
+        for (int64_t r = 0; r < DP_DSEG; r++)
+          obase[h][r] = img * g->os_img + (oy * g->ow + ox0 + r) * g->os_pix;
+      }
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t ky = 0; ky < g->kh; ky++)
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+          const int64_t tap = (ky * d->iwp + kx) * c * es, k0 = (ky * g->kw + kx) * c * es;
+          for (int64_t cb = 0; cb < c * es; cb += 64) {
+            _tile_loadd(4, a[0] + tap + cb, ld);
+            _tile_loadd(5, a[1] + tap + cb, ld);
+            _tile_loadd(6, bw0 + (k0 + cb) * 16, 64);
+            DP_AMX_DOT(bf, 0, 4, 6);
+            DP_AMX_DOT(bf, 2, 5, 6);
+            if (two) {
+              _tile_loadd(7, bw1 + (k0 + cb) * 16, 64);
+              DP_AMX_DOT(bf, 1, 4, 7);
+              DP_AMX_DOT(bf, 3, 5, 7);
+            }
           }
         }
-      }
-    _tile_stored(0, acc[0], 64);
-    _tile_stored(2, acc[2], 64);
-    if (two) { _tile_stored(1, acc[1], 64); _tile_stored(3, acc[3], 64); }
-    for (int h = 0; h <= two; h++)
-      for (int half = 0; half < 2; half++)
-        if (valid[half])
-          dp_b_store(g, acc[2 * half + h], obase[half], valid[half], (p + h) * DP_QNR, q->off,
-                     q->res, q->out);
+      _tile_stored(0, acc[0], 64);
+      _tile_stored(2, acc[2], 64);
+      if (two) { _tile_stored(1, acc[1], 64); _tile_stored(3, acc[3], 64); }
+      for (int h = 0; h <= two; h++)
+        for (int half = 0; half < 2; half++)
+          if (valid[half])
+            dp_q_emit(g, acc[2 * half + h], obase[half], valid[half], (p + h) * DP_QNR, q, NULL);
+    }
   }
   _tile_release();
 }
 
-/* the whole convolution: the padded copy (threads share its rows), then (pair of segments,
-   run of panels) tiles */
+/* how the (blocks x panel pairs) are split into tiles: about two per thread (one per thread
+   left the 3 x 3 convolutions of ResNet-50's first three stages 10-30% slower at 16 threads:
+   dynamic balance needs spares), at the least traffic (nb splits of the blocks read the
+   weight nb times, np splits of the panels read the input np times); fewer tiles than that
+   count as idle threads reading both */
+static void dp_q_dconv_split(int64_t blocks, int64_t pairs, int64_t wbytes, int64_t xbytes,
+                             int64_t threads, int64_t* nb, int64_t* np) {
+  const int64_t want = 2 * threads;
+  double best = -1;
+  for (int64_t p = 1; p <= pairs; p++) {
+    int64_t b = (want + p - 1) / p;
+    b = b > blocks ? blocks : b;
+    const double cost = (double)b * wbytes + (double)p * xbytes +
+                        (b * p < want ? (double)(want - b * p) * (wbytes + xbytes) : 0.0);
+    if (best < 0 || cost < best) best = cost, *nb = b, *np = p;
+  }
+}
+
+/* the whole convolution: the padded copy (threads share its rows), then the tiles */
 static void dp_q_dconv(const dp_qgeom* g, const void* x, const dp_qargs* q) {
-  const int64_t seg = (g->ow + DP_DSEG - 1) / DP_DSEG, nseg = (g->m / (g->oh * g->ow)) * g->oh * seg;
-  const int64_t imgs = g->m / (g->oh * g->ow), c = g->c;
+  const int64_t es = g->path == 4 ? 2 : 1, c = g->c;
+  const int64_t seg = (g->ow + DP_DSEG - 1) / DP_DSEG, imgs = g->m / (g->oh * g->ow);
+  const int64_t nseg = imgs * g->oh * seg;
   const int64_t ihp = (g->oh - 1) * g->sh + g->kh, iwp = (seg * DP_DSEG - 1) * g->sw + g->kw;
-  const size_t bytes = (size_t)(imgs * ihp * iwp * c + 32 * c) * 2;  /* + the last tile's reach */
-  uint16_t* pad = (uint16_t*)dp_grow(&dp_qshared_buf, &dp_qshared_cap, bytes);
+  const size_t bytes = (size_t)(imgs * ihp * iwp * c + 32 * c) * es;  /* + the last tile's reach */
+  char* pad = (char*)dp_grow(&dp_qshared_buf, &dp_qshared_cap, bytes);
   if (!pad) return;
-  const uint16_t* xs = (const uint16_t*)x;
-  const int64_t blocks = (nseg + 1) / 2, panels = g->np / DP_QNR;
+  const int fill = es == 2 ? 0 : (uint8_t)g->x_zp;
+  const char* xs = (const char*)x;
+  const int64_t blocks = (nseg + 1) / 2, pairs = (g->np / DP_QNR + 1) / 2, panels = g->np / DP_QNR;
 #ifdef _OPENMP
   const int64_t threads = omp_get_max_threads();
 #else
   const int64_t threads = 1;
 #endif
-  int64_t ppt = panels;  /* columns per tile: whole pairs, split until the threads have work */
-  while (blocks * ((panels + ppt - 1) / ppt) < 2 * threads && ppt > 2) ppt = (ppt / 2 + 1) / 2 * 2;
-  const int64_t nsplit = (panels + ppt - 1) / ppt, tiles = blocks * nsplit;
+  int64_t nb = 1, npr = 1;
+  dp_q_dconv_split(blocks, pairs, g->kp * es * g->np, imgs * ihp * iwp * c * es, threads, &nb, &npr);
+  const int64_t bpt = (blocks + nb - 1) / nb, ppt = (pairs + npr - 1) / npr * 2;
+  const int64_t tb = (blocks + bpt - 1) / bpt, tp = (panels + ppt - 1) / ppt, tiles = tb * tp;
+  const dp_dpad d = {pad, ihp, iwp, seg, nseg};
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < imgs * ihp; r++) {
       const int64_t img = r / ihp, y = r % ihp - g->ph;
-      uint16_t* row = pad + r * iwp * c;
-      if (y < 0 || y >= g->ih) { memset(row, 0, (size_t)iwp * c * 2); continue; }
+      char* row = pad + r * iwp * c * es;
+      if (y < 0 || y >= g->ih) { memset(row, fill, (size_t)(iwp * c * es)); continue; }
       const int64_t left = g->pw < iwp ? g->pw : iwp;
       const int64_t n = g->iw < iwp - left ? g->iw : iwp - left;
-      memset(row, 0, (size_t)left * c * 2);
-      memcpy(row + left * c, xs + (img * g->ih + y) * g->iw * c, (size_t)n * c * 2);
-      memset(row + (left + n) * c, 0, (size_t)(iwp - left - n) * c * 2);
+      memset(row, fill, (size_t)(left * c * es));
+      memcpy(row + left * c * es, xs + (img * g->ih + y) * g->iw * c * es, (size_t)(n * c * es));
+      memset(row + (left + n) * c * es, fill, (size_t)((iwp - left - n) * c * es));
     }
 #pragma omp single
-    memset(pad + imgs * ihp * iwp * c, 0, (size_t)32 * c * 2);
+    memset(pad + imgs * ihp * iwp * c * es, fill, (size_t)(32 * c * es));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tiles; t++) {
-      const int64_t b = t / nsplit, p0 = t % nsplit * ppt;
-      dp_q_dconv_run(g, pad, ihp, iwp, seg, 2 * b, nseg, p0, p0 + ppt < panels ? p0 + ppt : panels, q);
+      const int64_t b0 = t / tp * bpt, p0 = t % tp * ppt;
+      dp_q_dconv_run(g, &d, b0, b0 + bpt < blocks ? b0 + bpt : blocks, p0,
+                     p0 + ppt < panels ? p0 + ppt : panels, q);
     }
   }
 }
@@ -840,8 +876,11 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
                      const float* mult, const float* off, const int32_t* zw, const void* res,
                      void* out) {
   const dp_qargs q = {bp, corr, mult, off, zw, (const uint16_t*)res, out};
-#if defined(DP_QAMX) && defined(DP_AMX_BF)
-  if (dp_q_direct_conv(g) && dp_q_amx(g, g->kp * 2)) { dp_q_dconv(g, x, &q); return; }
+#ifdef DP_QAMX
+  if (dp_q_direct_conv(g, &q) && dp_q_amx(g, g->kp * (g->path == 4 ? 2 : 1))) {
+    dp_q_dconv(g, x, &q);
+    return;
+  }
 #endif
   const int quads = g->path == 2 || g->path == 3;  /* uint8 rows, quads of k (vnni, u8s8) */
   const int64_t kq = quads ? g->kp / 4 : g->kp / 2, panels = g->np / DP_QNR, rowb = kq * 4;
