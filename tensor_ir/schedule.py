@@ -112,8 +112,8 @@ def tunable_stages(kernel: Kernel, vector_bits: int = 512) -> list[int]:
 
 def stage_work(stage: Stage) -> int:
     """Points times reduction extents: a proxy for a stage's cost (multiply-adds)."""
-    if isinstance(stage, QGemmStage):
-        return stage.flops // 2
+    if isinstance(stage, QGemmStage):  # (a MatMul's rows may be symbolic: their hint)
+        return hint(stage.flops // 2)
     if isinstance(stage, AttentionStage):  # q k^T and p v
         sp = stage.spec
         rows = 1

@@ -21,9 +21,11 @@ import dataclasses
 
 import numpy as np
 
+from ...graph_ir.sym import is_sym
 from ...graph_ir.types import DType
 from ...tensor_ir.kernel import Buffer
 from ...tensor_ir.qgemm import QGemmSpec, QGemmStage, weight_matrix
+from .sizes import c_size
 
 NR = 16
 PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3, "amx": 2, "bf16": 4}
@@ -142,11 +144,16 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
             OUT_CODE[s.out], PATH_CODE[s.path], ACT_CODE[s.act]]
-    fields = [str(int(v)) for v in geom] + [_float(s.lo), _float(s.hi)]
+    rows = geom[0]  # symbolic for a MatMul over batch x sequence rows: set per call
+    fields = [str(int(v)) if k or not is_sym(v) else "0" for k, v in enumerate(geom)]
+    fields += [_float(s.lo), _float(s.hi)]
     args = [names.get(key, "NULL") for key in ("x", "w", "corr", "mult", "off", "zw", "res")]
-    return [f"  /* {s.kind} {s.path}: {s.m} x {s.n} x {s.k}, {s.out} out */",
-            f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};",
-            f"  dp_qgemm(&g_, {', '.join(args)}, {out});"]
+    lines = [f"  /* {s.kind} {s.path}: {s.m} x {s.n} x {s.k}, {s.out} out */"]
+    if is_sym(rows):
+        lines += [f"  dp_qgeom g_ = {{{', '.join(fields)}}};", f"  g_.m = {c_size(rows)};"]
+    else:
+        lines.append(f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};")
+    return lines + [f"  dp_qgemm(&g_, {', '.join(args)}, {out});"]
 
 
 def _float(v: float) -> str:

@@ -15,8 +15,9 @@ tried to a fixpoint (each on a value only the next node reads):
 
 Before: ``%y = Relu(Add(Conv(%x, %w, %b), %r))`` (four passes over memory in two kernels
 once fused). After: ``%y = PackedConv(%x, %w, %b32, %r) {act=clip, lo=0, hi=inf}``.
-Contractions with symbolic shapes, fewer than ``MIN_K`` products per output, NCHW convolutions
-and grouped (depthwise) ones keep the float32 loops; so do MatMuls of two activations
+Convolutions with symbolic shapes (a MatMul's rows may be symbolic), contractions of fewer
+than ``MIN_K`` products per output, NCHW convolutions and grouped (depthwise) ones keep the
+float32 loops; so do MatMuls of two activations
 (attention's).
 """
 from __future__ import annotations
@@ -46,8 +47,11 @@ def contraction(node: Node, rw: Rewriter) -> Value | None:
     x, w = node.inputs[0], node.inputs[1]
     arr = rw.const(w)
     out = node.outputs[0]
-    if arr is None or x.dtype is not BF16 or out.dtype is not BF16 or rw.const(x) is not None \
-            or not _static(x, out):
+    if arr is None or x.dtype is not BF16 or out.dtype is not BF16 or rw.const(x) is not None:
+        return None
+    # a MatMul's rows may be symbolic (batch x sequence: the kernel reads m from the dims);
+    # a convolution's geometry is numbers
+    if not (_static(x, out) or node.op.name == "MatMul" and isinstance(x.shape[-1], int)):
         return None
     n = arr.shape[-1]
     if arr.size // n < MIN_K:
