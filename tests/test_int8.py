@@ -165,6 +165,27 @@ def test_matmul_rows_in_place_with_weight_zero_points(target):
     check(model, x, sy, target)
 
 
+def test_matmul_symbolic_rows(target):
+    # one artifact for every batch x sequence: the integer kernel reads its row count from the
+    # dims (uint8 rows in place, a partial last block at some sizes)
+    w = RNG.standard_normal((64, 40)).astype(np.float32) * 0.2
+    model, _, sy = qdq_model("MatMul", (2, 9, 64), w)
+    for dim, name in zip(model.graph.input[0].type.tensor_type.shape.dim, ("batch", "seq")):
+        dim.dim_param = name
+    for dim in model.graph.output[0].type.tensor_type.shape.dim[:2]:
+        dim.ClearField("dim_value")
+    art = None
+    for shape in ((1, 1, 64), (2, 9, 64), (3, 25, 64)):
+        x = RNG.standard_normal(shape).astype(np.float32)
+        if art is None:
+            art = check(model, x, sy, target)
+            assert "batch" in str(art.manifest["inputs"]), art.manifest["inputs"]
+            mod = art.load()
+            continue
+        ours, ref = mod.run({"x": x})[0], _ort(model, x)
+        assert ours.shape == ref.shape and np.abs(ours.astype(np.float64) - ref).max() <= sy * 1.01
+
+
 def test_conv_rows_packed_in_chunks(target):
     # 4096 im2col rows of 576 taps: more than one 2 MiB chunk of packed rows
     w = RNG.standard_normal((40, 64, 3, 3)).astype(np.float32) * 0.1

@@ -25,6 +25,8 @@ pass then folds as before. Targets whose ``int8_path`` is ``none`` (GPUs) skip t
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..graph import Graph, Node, Value
@@ -117,15 +119,17 @@ def _weight(rw: Rewriter, v: Value, out_axis: int):
     return wq, zq.astype(np.int32), s1[:, 0].astype(np.float32)
 
 
-def contraction(node: Node, rw: Rewriter) -> Value | None:
-    # MatMul/Conv(DQ(xq), DQ(wq)) -> QMatMul/QConv(xq, wq) with a float32 output
+def contraction(node: Node, rw: Rewriter, symbolic_rows: bool = False) -> Value | None:
+    # MatMul/Conv(DQ(xq), DQ(wq)) -> QMatMul/QConv(xq, wq) with a float32 output;
+    # symbolic_rows: a MatMul's leading dims may be symbolic (the C kernels read m at run time)
     is_conv = node.op.name == "Conv"
     if is_conv and (node.attrs["group"] != 1 or node.attrs["layout"] != "NCHW"
                     or len(node.inputs[0].shape) != 4):
         return None
     if not is_conv and (len(node.inputs[1].shape) != 2 or len(node.inputs[0].shape) < 2):
         return None
-    if not all(isinstance(d, int) for d in node.inputs[0].shape):
+    shape = node.inputs[0].shape
+    if not all(isinstance(d, int) for d in (shape[-1:] if symbolic_rows and not is_conv else shape)):
         return None
     x = _activation(rw, node.inputs[0])
     w = _weight(rw, node.inputs[1], 0 if is_conv else 1)
@@ -324,5 +328,9 @@ def fold_qdq(g: Graph, target=None) -> Graph:
     kernels."""
     if target is None or target.int8_path() == "none":
         return g
-    g, fired = rewrite(g, RULES)
+    rules = RULES
+    if target.kind == "cpu":  # the C template takes a MatMul's rows from the dims
+        rules = [(op, functools.partial(contraction, symbolic_rows=True) if fn is contraction
+                  else fn) for op, fn in RULES]
+    g, fired = rewrite(g, rules)
     return dce(g) if fired else g
