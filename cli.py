@@ -409,6 +409,9 @@ def _precision_str(p: dict) -> str:
         parts.append(f"rel L2 error vs fp32 on random inputs ({p.get('check')}): {errs}")
     elif str(p.get("check", "")).startswith(("skipped", "failed")):
         parts.append(f"error check {p['check']}")
+    if p.get("contractions"):  # how many run in which type
+        parts.append("contractions: " + ", ".join(f"{n} {k}"
+                                                   for k, n in sorted(p["contractions"].items())))
     text = ", ".join(parts)
     if p.get("guard"):
         text += "\n  " + _guard_str(p["guard"], p.get("dtype", "half"))

@@ -405,6 +405,7 @@ def _precision_record(art: Artifact, reference: Graph, backend: Backend, half, t
         rec["fp32_gemm"] = "tf32" if tf32 else "ieee"
     if half is None:
         return rec
+    rec["contractions"] = _contraction_types(art.graph)
     if guard is not None:
         rec["guard"] = guard.record(bound)
         if not guard.error <= bound:
@@ -438,6 +439,25 @@ def _precision_record(art: Artifact, reference: Graph, backend: Backend, half, t
                       "on random inputs; compile without --dtype if that is too much",
                       RuntimeWarning, stacklevel=3)
     return rec
+
+
+SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8e4m3fn": "fp8"}
+
+
+def _contraction_types(graph: Graph) -> dict[str, int]:
+    """How many contractions compute in which type: CPU bf16 dot products (``bf16 dot-product``), else
+    their input's dtype (``fp32`` where a policy kept a layer wide: a depthwise convolution
+    on a CPU with bf16 dot products, a layer the --max-error guard kept)."""
+    out: dict[str, int] = {}
+    for n in _members(graph):
+        if n.op.name in ("PackedConv", "PackedMatMul"):
+            key = "bf16 dot-product"
+        elif n.op.kind is Kind.CONTRACTION and n.inputs[0] is not None:
+            key = SHORT_DTYPES.get(n.inputs[0].dtype.name, n.inputs[0].dtype.name)
+        else:
+            continue
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def _members(graph: Graph):

@@ -306,3 +306,11 @@ def test_symbolic_rows_matmul(target):
         assert ours.shape == ref.shape
         err = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
         assert err < 1e-2, (shape, err)
+
+
+def test_precision_record_counts_contraction_types(target):
+    # the manifest (and `deploy compile` / `deploy inspect`) say which contractions run as dot
+    # products, which in bf16 loops and which the policy kept float32
+    art = deploy.compile(_inverted_residual()[0], target=target, dtype="bf16")
+    assert art.manifest["precision"]["contractions"] == {"bf16 dot-product": 2, "bf16": 1,
+                                                         "fp32": 1}
