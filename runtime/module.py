@@ -24,6 +24,7 @@ from .cpu_features import missing_features
 from .dtypes import is_raw, storage_dtype, user_dtype
 from .gpu import GpuModule, SymbolicGpuModule, is_gpu_artifact
 from .host_ops import HOST_OPS
+from .pinning import pin_cpus
 from .shapes import ShapeProgram, evaluate, is_symbolic, shape_of
 from .specs import TensorSpec, is_holder, unhold, validate_inputs
 
@@ -80,6 +81,9 @@ class Module:
         # each run sets the calling thread's OpenMP team size (a per-thread setting in libgomp)
         self._set_threads = (getattr(self._lib, "omp_set_num_threads", None)
                              if self.threads and self._lib else None)
+        # each calling thread's OpenMP workers are pinned to cores once (runtime/pinning.py)
+        self._pin = getattr(self._lib, "deploy_pin_threads", None) if self._lib else None
+        self._pinned: set[int] = set()  # the calling threads whose teams are placed
         # kernels whose temporaries cannot be allocated stop and say so (backends/c/prelude.h)
         self._failed = self._lib.deploy_failed if m.get("library_status") and self._lib else None
         if self._failed is not None:
@@ -154,6 +158,8 @@ class Module:
         sig = None if self._program is None else self._signature(arrays)
         if self._set_threads is not None:
             self._set_threads(self.threads)
+        if self._pin is not None and threading.get_ident() not in self._pinned:
+            self._pin_team()
         try:
             ws = pool.pop()
         except IndexError:
@@ -171,6 +177,16 @@ class Module:
         if self._held_outputs:  # sequences and optionals: a list, None or the value
             return [unhold(o) if is_holder(spec) else o for o, spec in zip(outs, self.output_specs)]
         return outs
+
+    def _pin_team(self) -> None:
+        """Pin this calling thread's OpenMP workers (once per calling thread; the team size
+        is the one this run set)."""
+        team = self._lib.omp_get_max_threads() if hasattr(self._lib, "omp_get_max_threads") else 0
+        cpus = pin_cpus(int(team))
+        self._pinned.add(threading.get_ident())
+        if cpus:
+            self._pin.restype = ctypes.c_int64
+            self._pin((ctypes.c_int32 * len(cpus))(*cpus), ctypes.c_int64(len(cpus)))
 
     def close(self) -> None:
         """Drop the module's workspaces now (GPU modules give their device memory back: the

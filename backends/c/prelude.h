@@ -1,3 +1,9 @@
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE 1  /* sched_setaffinity's CPU sets (deploy_pin_threads) */
+#endif
+#ifdef __linux__
+#include <sched.h>
+#endif
 #include <stdint.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -191,6 +197,25 @@ static inline dp_f32x16 dp_load16_f16(const _Float16* p) {
    deploy_failed() reads and clears; the runtime raises ResourceLimitError (no segfault). */
 __attribute__((weak)) __thread int64_t dp_failed;
 __attribute__((weak)) int64_t deploy_failed(void) { int64_t n = dp_failed; dp_failed = 0; return n; }
+/* Worker t > 0 of the calling thread's OpenMP team onto cpus[t] (runtime/pinning.py chooses
+   them and when; the calling thread stays where it is). Returns the workers pinned. */
+#if defined(__linux__) && defined(_OPENMP)
+#include <omp.h>
+__attribute__((weak)) int64_t deploy_pin_threads(const int32_t* cpus, int64_t n) {
+  int64_t pinned = 0;
+#pragma omp parallel num_threads((int)n) reduction(+ : pinned)
+  {
+    const int t = omp_get_thread_num();
+    if (t > 0 && t < n && cpus[t] >= 0 && cpus[t] < CPU_SETSIZE) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpus[t], &set);
+      pinned += sched_setaffinity(0, sizeof set, &set) == 0;
+    }
+  }
+  return pinned;
+}
+#endif
 static inline void* dp_grow(char** buf, size_t* cap, size_t n) {
   if (n > *cap) {
     free(*buf);
