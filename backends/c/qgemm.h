@@ -97,6 +97,21 @@ static void dp_q_row16(const dp_qgeom* g, const void* x, int64_t m, int16_t* row
   for (; k < g->kp; k++) row[k] = 0;
 }
 
+/* n bf16 values: whole 64-byte vectors, then one masked pair of moves (reads nothing past
+   src + n); a stem's rows are 7 runs of 21 values, which memcpy's call would dominate */
+static inline void dp_q_copy16(uint16_t* dst, const uint16_t* src, int64_t n) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  for (; n >= 32; n -= 32, dst += 32, src += 32)
+    _mm512_storeu_si512((void*)dst, _mm512_loadu_si512((const void*)src));
+  if (n > 0) {
+    const __mmask32 m = (__mmask32)((1ull << n) - 1);
+    _mm512_mask_storeu_epi16((void*)dst, m, _mm512_maskz_loadu_epi16(m, (const void*)src));
+  }
+#else
+  memcpy(dst, src, (size_t)n * 2);
+#endif
+}
+
 /* row m as bf16 bits (path 4); padding and k padding 0 */
 static void dp_q_rowbf(const dp_qgeom* g, const void* x, int64_t m, uint16_t* row) {
   int64_t pix = g->oh * g->ow, img = m / pix, p = m % pix, oy = p / g->ow, ox = p % g->ow, k = 0;
@@ -107,7 +122,7 @@ static void dp_q_rowbf(const dp_qgeom* g, const void* x, int64_t m, uint16_t* ro
   for (int64_t ky = 0; ky < g->kh; ky++) {
     int64_t base = dense ? dp_q_tap(g, img, oy, ox, ky, 0) : -1;
     if (base >= 0) {  /* the window's row is one contiguous run of kw * c inputs */
-      memcpy(row + k, xs + base, (size_t)run * 2);
+      dp_q_copy16(row + k, xs + base, run);
       k += run;
       continue;
     }
@@ -115,7 +130,7 @@ static void dp_q_rowbf(const dp_qgeom* g, const void* x, int64_t m, uint16_t* ro
       int64_t base = dp_q_tap(g, img, oy, ox, ky, kx);
       uint16_t* r = row + k;
       if (base < 0) memset(r, 0, (size_t)c * 2);
-      else if (sc == 1) memcpy(r, xs + base, (size_t)c * 2);
+      else if (sc == 1) dp_q_copy16(r, xs + base, c);
       else for (int64_t i = 0; i < c; i++) r[i] = xs[base + i * sc];
     }
   }
