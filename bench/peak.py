@@ -1,11 +1,15 @@
-"""The machine's fp32 FMA peak: the floor against which CPU kernels are judged.
+"""The machine's fp32 FMA peak (or bf16 dot-product peak): the floor CPU kernels are judged by.
 
-    python -m deploy.bench.peak [--threads 2] [--seconds 1.0] [--vector-bits 512]
+    python -m deploy.bench.peak [--threads 2] [--seconds 1.0] [--vector-bits 512] [--bf16]
 
 Compiles a register-only loop (independent FMA chains on vectors, nothing loaded or stored in
 the loop; enough chains to cover the FMA latency on every current x86 core) with the system C
 compiler and OpenMP, runs it on ``--threads`` threads for about ``--seconds``, and prints the
 median GFLOP/s of 5 runs. A GFLOP/s figure of a model divided by this is its share of the peak.
+``--bf16``: the same loop on AVX512-BF16's ``vdpbf16ps`` (a bf16 pair product per float32
+lane: 64 FLOP per 512-bit instruction), the ceiling of ``--dtype bf16`` on CPUs without AMX.
+The threads are bound to places (``proc_bind(spread)``): two unbound threads were seen sharing
+one core of a 2-core machine, halving the figure.
 """
 from __future__ import annotations
 
@@ -26,14 +30,14 @@ SOURCE = r"""
 typedef float vec __attribute__((vector_size(VBYTES)));
 double fma_loop(long iters, int threads) {
   double total = 0;
-  #pragma omp parallel num_threads(threads) reduction(+:total)
+  #pragma omp parallel num_threads(threads) proc_bind(spread) reduction(+:total)
   {
     vec acc[CHAINS], a, b;
     for (int k = 0; k < CHAINS; k++) acc[k] = (vec){} + (float)(k + omp_get_thread_num());
     a = (vec){} + 0.999999f; b = (vec){} + 1e-7f;
     for (long i = 0; i < iters; i++) {
       #pragma GCC unroll 16
-      for (int k = 0; k < CHAINS; k++) acc[k] = acc[k] * a + b;
+      for (int k = 0; k < CHAINS; k++) acc[k] = STEP;
       __asm__ volatile("" : "+x"(a));
     }
     float s = 0;
@@ -45,10 +49,15 @@ double fma_loop(long iters, int threads) {
 """
 
 
-def build(vector_bits: int, out_dir: Path) -> ctypes.CDLL:
+FMA = "acc[k] * a + b"
+# bf16 pairs (the bits of a and b read as 32 bf16 each) into float32 lanes
+DPBF16 = "(vec)_mm512_dpbf16_ps((__m512)acc[k], (__m512bh)a, (__m512bh)b)"
+
+
+def build(vector_bits: int, out_dir: Path, bf16: bool = False) -> ctypes.CDLL:
     src, lib = out_dir / "peak.c", out_dir / "peak.so"
     src.write_text(SOURCE.replace("VBYTES", str(vector_bits // 8))
-                   .replace("CHAINS", str(CHAINS)))
+                   .replace("CHAINS", str(CHAINS)).replace("STEP", DPBF16 if bf16 else FMA))
     subprocess.run(["cc", "-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared",
                     "-fPIC", str(src), "-o", str(lib)], check=True)
     fn = ctypes.CDLL(str(lib)).fma_loop
@@ -56,11 +65,12 @@ def build(vector_bits: int, out_dir: Path) -> ctypes.CDLL:
     return fn
 
 
-def measure(threads: int = 2, seconds: float = 1.0, vector_bits: int = 512) -> float:
+def measure(threads: int = 2, seconds: float = 1.0, vector_bits: int = 512,
+            bf16: bool = False) -> float:
     """Median GFLOP/s of 5 timed runs of about ``seconds`` each."""
     with tempfile.TemporaryDirectory() as d:
-        fn = build(vector_bits, Path(d))
-        flops_per_iter = 2 * CHAINS * (vector_bits // 32) * threads
+        fn = build(512 if bf16 else vector_bits, Path(d), bf16)
+        flops_per_iter = 2 * CHAINS * (512 // 16 if bf16 else vector_bits // 32) * threads
         iters = 1 << 16
         while True:  # calibrate to about `seconds`
             t0 = time.perf_counter()
@@ -83,9 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seconds", type=float, default=1.0)
     p.add_argument("--vector-bits", type=int, default=512, choices=(128, 256, 512))
+    p.add_argument("--bf16", action="store_true", help="vdpbf16ps (AVX512-BF16) instead of FMA")
     a = p.parse_args(argv)
-    rate = measure(a.threads, a.seconds, a.vector_bits)
-    print(f"fp32 FMA peak: {rate:.1f} GFLOP/s on {a.threads} thread(s), {a.vector_bits}-bit vectors")
+    rate = measure(a.threads, a.seconds, a.vector_bits, a.bf16)
+    what = "bf16 dot-product (vdpbf16ps)" if a.bf16 else "fp32 FMA"
+    bits = 512 if a.bf16 else a.vector_bits
+    print(f"{what} peak: {rate:.1f} GFLOP/s on {a.threads} thread(s), {bits}-bit vectors")
     return 0
 
 

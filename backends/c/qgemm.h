@@ -137,6 +137,29 @@ static void dp_q_rowbf(const dp_qgeom* g, const void* x, int64_t m, uint16_t* ro
   for (; k < g->kp; k++) row[k] = 0;
 }
 
+/* n bytes ^ flip (int8 -> uint8 when flip is 0x80): whole vectors, then one masked move on
+   AVX-512 (reads nothing past src + n); gcc leaves the byte loop scalar (it took 60% of a
+   7 x 7 stem's time on 3 channels) */
+static inline void dp_q_copy8(uint8_t* dst, const uint8_t* src, int64_t n, uint8_t flip) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const __m512i f = _mm512_set1_epi8((char)flip);
+  for (; n >= 64; n -= 64, dst += 64, src += 64)
+    _mm512_storeu_si512((void*)dst, _mm512_xor_si512(_mm512_loadu_si512((const void*)src), f));
+  if (n > 0) {
+    const __mmask64 m = (__mmask64)((1ull << n) - 1);
+    _mm512_mask_storeu_epi8((void*)dst, m, _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, src), f));
+  }
+#else
+#ifdef __AVX2__
+  const __m256i f = _mm256_set1_epi8((char)flip);
+  for (; n >= 32; n -= 32, dst += 32, src += 32)
+    _mm256_storeu_si256((__m256i*)dst,
+                        _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)src), f));
+#endif
+  for (int64_t i = 0; i < n; i++) dst[i] = src[i] ^ flip;
+#endif
+}
+
 /* row m as uint8 (int8 activations + 128; padding and k padding the shifted zero point)
    (path 2); returns the row's sum */
 static int32_t dp_q_row8(const dp_qgeom* g, const void* x, int64_t m, uint8_t* row, int sum_it) {
@@ -149,8 +172,7 @@ static int32_t dp_q_row8(const dp_qgeom* g, const void* x, int64_t m, uint8_t* r
   for (int64_t ky = 0; ky < g->kh; ky++) {
     int64_t base = dense ? dp_q_tap(g, img, oy, ox, ky, 0) : -1;
     if (base >= 0) {  /* one contiguous run */
-      const uint8_t* s = (const uint8_t*)x + base;
-      for (int64_t i = 0; i < run; i++) row[k + i] = s[i] ^ flip;
+      dp_q_copy8(row + k, (const uint8_t*)x + base, run, flip);
       k += run;
       continue;
     }
@@ -159,7 +181,7 @@ static int32_t dp_q_row8(const dp_qgeom* g, const void* x, int64_t m, uint8_t* r
       uint8_t* r = row + k;
       const uint8_t* s = (const uint8_t*)x + base;
       if (base < 0) memset(r, zx, (size_t)c);
-      else if (sc == 1) for (int64_t i = 0; i < c; i++) r[i] = s[i] ^ flip;
+      else if (sc == 1) dp_q_copy8(r, s, c, flip);
       else for (int64_t i = 0; i < c; i++) r[i] = s[i * sc] ^ flip;
     }
   }
