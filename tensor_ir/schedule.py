@@ -224,10 +224,11 @@ def half_window(stage: Stage) -> Reduce | None:
 
 
 def half_sum(stage: Stage) -> Reduce | None:
-    """A float sum stored as bf16 / fp16 (a ``--dtype bf16`` global average pool): its
-    reduce-outer schedule sums in a float row (``HALF_SUM_ROW`` at most), not in the output."""
-    red = single_reduce(stage, narrow_out=True)
-    ok = red is not None and red.op is R.SUM and stage.body.dtype in NARROW_OUT
+    """A float sum stored as bf16 / fp16 (a ``--dtype bf16`` global average pool) or as an
+    8-bit integer (a QDQ model's pool, requantized by its epilogue): its reduce-outer schedule
+    sums in a float row (``HALF_SUM_ROW`` at most), not in the output."""
+    red = single_reduce(stage, narrow_out=SUM_ROW_OUT)
+    ok = red is not None and red.op is R.SUM and stage.body.dtype in SUM_ROW_OUT
     return red if ok else None
 
 
@@ -244,19 +245,22 @@ def single_sum(stage: Stage, narrow_out: bool = False) -> Reduce | None:
 
 
 NARROW_OUT = (DType.float16, DType.bfloat16)
+SUM_ROW_OUT = NARROW_OUT + (DType.uint8, DType.int8)  # float sums an epilogue narrows
 HALF_SUM_ROW = 4096  # float sums of a half output's inner row, on the stack
 
 
-def single_reduce(stage: Stage, narrow_out: bool = False) -> Reduce | None:
+def single_reduce(stage: Stage, narrow_out: bool | tuple = False) -> Reduce | None:
     """The stage's one float SUM, MAX or MIN reduction (its epilogue is the rest of the
     body), computed in the output's dtype (``narrow_out``: or rounded to fp16 / bf16 by the
-    epilogue, for schedules that keep the sums in registers), or None."""
+    epilogue, for schedules that keep the sums in registers; a tuple: to one of its types),
+    or None."""
+    narrow = NARROW_OUT if narrow_out is True else narrow_out or ()
     reds = {x for x in walk(stage.body) if isinstance(x, Reduce)}  # an epilogue may use it twice
     if len(reds) != 1:
         return None
     red = next(iter(reds))
     out_ok = stage.body.dtype is red.dtype or (
-        narrow_out and red.dtype is DType.float32 and stage.body.dtype in NARROW_OUT)
+        red.dtype is DType.float32 and stage.body.dtype in narrow)
     ok = (red.op in (R.SUM, R.MAX, R.MIN) and red.dtype.is_float
           and red.dtype.c_type in ("float", "double") and out_ok and stage.store_index is None)
     return red if ok else None

@@ -269,6 +269,34 @@ def test_max_pool_on_bytes(act):
     np.testing.assert_array_equal(art.load().run({"x": x})[0], run_ort(model, {"x": x})[0])
 
 
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_global_average_pool_on_bytes(act):
+    # ResNet's tail in QDQ as torch exports it: a channels-last QConv, Relu -> Q -> DQ ->
+    # ReduceMean over the pixels -> Q.
+    # The pool sums its float terms in a row of channels (reduce-outer: channels innermost,
+    # not a strided reduction per channel) and its epilogue requantizes each sum once
+    w = (RNG.standard_normal((160, 64, 1, 1)) * 0.1).astype(np.float32)
+    conv, x, _ = qdq_model("Conv", (1, 64, 7, 7), w, act=act, conv={"kernel_shape": [1, 1]})
+    sp, zp = _qparams(0.0, float(run_ort(conv, {"x": x})[0].max()), act)
+    nodes = list(conv.graph.node)
+    nodes[-1].output[0] = "yd"
+    qdq = lambda f, q, d: [helper.make_node("QuantizeLinear", [f, "sp", "zp"], [q]),
+                           helper.make_node("DequantizeLinear", [q, "sp", "zp"], [d])]
+    nodes += [helper.make_node("Relu", ["yd"], ["r"]), *qdq("r", "rq", "rd"),
+              helper.make_node("ReduceMean", ["rd"], ["p"], axes=[2, 3]), *qdq("p", "pq", "out")]
+    inits = {t.name: numpy_helper.to_array(t) for t in conv.graph.initializer}
+    model = make_model(nodes, [("x", np.float32, [1, 64, 7, 7])], [("out", np.float32, None)],
+                       {**inits, "sp": sp, "zp": np.array(zp, act)}, opset=17)
+    art = deploy.compile(model, target="host")
+    pools = [k for k in art.manifest["kernels"] if "reduction" in k.get("note", "")]
+    assert pools and all("reduce_outer" in str(k["schedule"]) for k in pools), \
+        [(k["note"], k["schedule"]) for k in art.manifest["kernels"]]
+    ours, ref = art.load().run({"x": x})[0], run_ort(model, {"x": x})[0]
+    diff = np.abs(ours - ref)
+    assert diff.max() <= sp * 1.01, f"max diff {diff.max()} > one step {sp}"
+    assert (diff > sp / 2).mean() <= 0.05, f"{(diff > sp / 2).mean():.1%} differ by a step"
+
+
 def test_int8_path_follows_the_isa():
     from deploy.targets.target import int8_path
     cpu = load_target("x86_64-avx512")

@@ -240,12 +240,13 @@ class CRenderer:
         ind = "  " * (depth + 1)
         ctype = compute_type(out.dtype)
         target = f"{_ident(out.name)}[{self.flat(out, st.vars)}]"
-        # a half output holds a max / min pool's running extreme (exactly); a sum runs in a
-        # float row (hsum_) and is rounded once, by the epilogue
+        # a half output holds a max / min pool's running extreme (exactly); a sum into a half
+        # or integer output runs in a float row (hsum_) and is rounded once, by the epilogue
         held, stored = self._load_value(out, target), target
-        if red.op is R.SUM and out.dtype in WIDE_SUFFIX:
+        if red.op is R.SUM and out.dtype is not red.dtype:  # (half or 8-bit integer output)
             lines.append(f"{ind}float hsum_[{math.prod(out.shape[n_outer:])}];")
             target = held = f"hsum_[{_row_index(ivars, out.shape[n_outer:])}]"
+            ctype = "float"
 
         def put(value: str, dst: str = target) -> str:
             return f"{dst} = {value if dst != stored else self._to_storage(out.dtype, value)};"
