@@ -270,13 +270,14 @@ def test_max_pool_on_bytes(act):
 
 
 @pytest.mark.parametrize("act", [np.uint8, np.int8])
-def test_global_average_pool_on_bytes(act):
+@pytest.mark.parametrize("c,hw", [(160, 7), (1024, 8)])  # the second: the threads split the row
+def test_global_average_pool_on_bytes(act, c, hw):
     # ResNet's tail in QDQ as torch exports it: a channels-last QConv, Relu -> Q -> DQ ->
     # ReduceMean over the pixels -> Q.
     # The pool sums its float terms in a row of channels (reduce-outer: channels innermost,
     # not a strided reduction per channel) and its epilogue requantizes each sum once
-    w = (RNG.standard_normal((160, 64, 1, 1)) * 0.1).astype(np.float32)
-    conv, x, _ = qdq_model("Conv", (1, 64, 7, 7), w, act=act, conv={"kernel_shape": [1, 1]})
+    w = (RNG.standard_normal((c, 64, 1, 1)) * 0.1).astype(np.float32)
+    conv, x, _ = qdq_model("Conv", (1, 64, hw, hw), w, act=act, conv={"kernel_shape": [1, 1]})
     sp, zp = _qparams(0.0, float(run_ort(conv, {"x": x})[0].max()), act)
     nodes = list(conv.graph.node)
     nodes[-1].output[0] = "yd"
@@ -285,7 +286,7 @@ def test_global_average_pool_on_bytes(act):
     nodes += [helper.make_node("Relu", ["yd"], ["r"]), *qdq("r", "rq", "rd"),
               helper.make_node("ReduceMean", ["rd"], ["p"], axes=[2, 3]), *qdq("p", "pq", "out")]
     inits = {t.name: numpy_helper.to_array(t) for t in conv.graph.initializer}
-    model = make_model(nodes, [("x", np.float32, [1, 64, 7, 7])], [("out", np.float32, None)],
+    model = make_model(nodes, [("x", np.float32, [1, 64, hw, hw])], [("out", np.float32, None)],
                        {**inits, "sp": sp, "zp": np.array(zp, act)}, opset=17)
     art = deploy.compile(model, target="host")
     pools = [k for k in art.manifest["kernels"] if "reduction" in k.get("note", "")]

@@ -39,6 +39,7 @@ from ...tensor_ir.kernel import Buffer, Kernel, Stage
 from ...tensor_ir.pack import tile_index
 from ...tensor_ir.qgemm import QGemmStage
 from ...tensor_ir.schedule import (
+    PARALLEL_MIN_ROWS_WORK,
     PARALLEL_MIN_WORK,
     StageSchedule,
     single_sum,
@@ -231,12 +232,25 @@ class CRenderer:
     def _stage_reduce_outer(self, st: Stage, out: Buffer, sched: StageSchedule) -> list[str]:
         """out[o, i] = epi(sum_r body) ->
         for o: { out[o, :] = 0; for r: for i: out[o, i] += body; for i: out[o, i] = epi(out[o, i]) }
-        (max and min likewise, from their identities)."""
+        (max and min likewise, from their identities). Where the outer loops are one point and
+        the inner row is one long axis (a global average pool's channels), the threads take
+        chunks of the row instead (``ROW_CHUNK`` channels each)."""
         red = window_reduce(st)
         n_outer = sched.reduce_outer
         ovars, ivars = st.vars[:n_outer], st.vars[n_outer:]
+        row = out.shape[n_outer:]
+        chunked = (len(ivars) == 1 and isinstance(row[0], int) and row[0] >= 2 * ROW_CHUNK
+                   and all(e == 1 for e in out.shape[:n_outer])
+                   and stage_work(st) >= PARALLEL_MIN_ROWS_WORK)
         lines: list[str] = []
-        depth = self._open_loops(lines, ovars, out.shape[:n_outer], sched.parallel, "  ")
+        depth = self._open_loops(lines, ovars, out.shape[:n_outer], 0 if chunked else sched.parallel,
+                                 "  ")
+        if chunked:  # for each chunk [cb_, ce_) of the row, in parallel
+            pad = "  " * (depth + 1)
+            lines += [f"{pad}#pragma omp parallel for schedule(static)",
+                      f"{pad}for (int64_t cb_ = 0; cb_ < {row[0]}; cb_ += {ROW_CHUNK}) {{",
+                      f"{pad}  const int64_t ce_ = DP_MIN(cb_ + {ROW_CHUNK}, {row[0]});"]
+            depth += 1
         ind = "  " * (depth + 1)
         ctype = compute_type(out.dtype)
         target = f"{_ident(out.name)}[{self.flat(out, st.vars)}]"
@@ -244,21 +258,31 @@ class CRenderer:
         # or integer output runs in a float row (hsum_) and is rounded once, by the epilogue
         held, stored = self._load_value(out, target), target
         if red.op is R.SUM and out.dtype is not red.dtype:  # (half or 8-bit integer output)
-            lines.append(f"{ind}float hsum_[{math.prod(out.shape[n_outer:])}];")
-            target = held = f"hsum_[{_row_index(ivars, out.shape[n_outer:])}]"
+            size = ROW_CHUNK if chunked else math.prod(row)
+            lines.append(f"{ind}float hsum_[{size}];")
+            index = f"{ivars[0].name} - cb_" if chunked else _row_index(ivars, row)
+            target = held = f"hsum_[{index}]"
             ctype = "float"
 
         def put(value: str, dst: str = target) -> str:
             return f"{dst} = {value if dst != stored else self._to_storage(out.dtype, value)};"
-        d2 = self._open_loops(lines, ivars, out.shape[n_outer:], 0, ind)
+
+        def inner(at: str, simd: bool = False) -> int:  # the row's loops (a chunk of it)
+            if not chunked:
+                return self._open_loops(lines, ivars, row, 0, at, simd=simd)
+            v = ivars[0].name
+            if simd:
+                lines.append(f"{at}#pragma omp simd")
+            lines.append(f"{at}for (int64_t {v} = cb_; {v} < ce_; ++{v}) {{")
+            return 1
+        d2 = inner(ind)
         init = (REDUCE_INIT[red.op] if red.dtype.is_float
                 else INT_LIMITS[red.dtype][0 if red.op is R.MAX else 1])
         lines.append("  " * (depth + d2 + 1) + put(f"({ctype}){init}"))
         self._close_loops(lines, d2, depth)
         rvars = [v for v, _ in red.vars]
         d3 = self._open_loops(lines, rvars, [e for _, e in red.vars], 0, ind)
-        d4 = self._open_loops(lines, ivars, out.shape[n_outer:], 0, "  " * (depth + d3 + 1),
-                              simd=True)
+        d4 = inner("  " * (depth + d3 + 1), simd=True)
         ind2 = "  " * (depth + d3 + d4 + 1)
         term = self.expr(red.body, lines, ind2)
         combine = {R.SUM: "{a} + {v}", R.MAX: "DP_MAX({a}, {v})", R.MIN: "DP_MIN({a}, {v})"}
@@ -268,7 +292,7 @@ class CRenderer:
             acc = Load(out.name, tuple(st.vars), out.dtype) if target == stored else \
                 Var(target, red.dtype)
             epi = transform(st.body, lambda e: acc if e is red or e == red else None)
-            d5 = self._open_loops(lines, ivars, out.shape[n_outer:], 0, ind, simd=True)
+            d5 = inner(ind, simd=True)
             ind3 = "  " * (depth + d5 + 1)
             lines.append(ind3 + put(self.expr(epi, lines, ind3), stored))
             self._close_loops(lines, d5, depth)
@@ -773,6 +797,9 @@ def bf16_exact(e: Expr) -> bool:
     if isinstance(e, Select) and e.dtype is DType.bfloat16:
         return bf16_exact(e.a) and bf16_exact(e.b)
     return False
+
+
+ROW_CHUNK = 64  # a reduce-outer row's channels per thread, where the row alone is split
 
 
 def _row_index(vars_, extents) -> str:
