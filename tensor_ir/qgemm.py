@@ -47,7 +47,18 @@ class QGemmSpec:
     act: str = "none"  # bf16: "clip" clamps to [lo, hi]
     lo: float = 0.0
     hi: float = 0.0
-    residual: bool = False  # bf16: the fourth input is added before the clamp
+    residual: bool = False  # bf16: the fourth input is added before the clamp; int8: below
+    # int8 with a residual (QConv's seventh input, ops/quant.py): the contraction's own
+    # quantization (mid_out, mid_zp), then (q - mid_zp) * mid_scale + (r - res_zp) * res_scale,
+    # ReLU (relu), / out_scale, + out_zp, saturated to ``out``
+    mid_out: str = ""
+    mid_zp: int = 0
+    mid_scale: float = 1.0
+    res_signed: bool = False
+    res_zp: int = 0
+    res_scale: float = 1.0
+    out_scale: float = 1.0
+    relu: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,12 @@ def qgemm_spec(ctx) -> QGemmSpec:
     else:
         common = {"x_signed": x.dtype is DType.int8, "x_zp": int(ctx.attr("x_zp")),
                   "out": ctx.attr("out_dtype"), "out_zp": int(ctx.attr("out_zp"))}
+        if len(ctx.ins) > 6:  # a QConv's residual
+            common.update(residual=True, mid_out=ctx.attr("mid_dtype"),
+                          mid_zp=int(ctx.attr("mid_zp")), mid_scale=float(ctx.attr("mid_scale")),
+                          res_signed=ctx.ins[6].dtype is DType.int8,
+                          res_zp=int(ctx.attr("res_zp")), res_scale=float(ctx.attr("res_scale")),
+                          out_scale=float(ctx.attr("out_scale")), relu=bool(ctx.attr("relu")))
     if node.op.name in ("QMatMul", "PackedMatMul"):
         k, n = ctx.ins[1].shape
         m = x.numel // k

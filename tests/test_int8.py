@@ -298,6 +298,56 @@ def test_global_average_pool_on_bytes(act, c, hw):
     assert (diff > sp / 2).mean() <= 0.05, f"{(diff > sp / 2).mean():.1%} differ by a step"
 
 
+def _qdq_conv_branch(name: str, x: str, w: np.ndarray, y_range, act) -> tuple[list, dict]:
+    """Q(Conv(x, DQ(w))) -> DQ, a 1 x 1 convolution's QDQ nodes (per-tensor 7-bit weights)."""
+    sw = np.float32(np.abs(w).max() / 63)
+    sy, zy = _qparams(*y_range, act)
+    inits = {f"{name}_wq": np.clip(np.rint(w / sw), -64, 63).astype(np.int8), f"{name}_sw": sw,
+             f"{name}_zw": np.array(0, np.int8), f"{name}_sy": sy, f"{name}_zy": np.array(zy, act)}
+    nodes = [helper.make_node("DequantizeLinear", [f"{name}_wq", f"{name}_sw", f"{name}_zw"],
+                              [f"{name}_wd"]),
+             helper.make_node("Conv", [x, f"{name}_wd"], [f"{name}_y"], kernel_shape=[1, 1]),
+             helper.make_node("QuantizeLinear", [f"{name}_y", f"{name}_sy", f"{name}_zy"],
+                              [f"{name}_q"]),
+             helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_sy", f"{name}_zy"],
+                              [f"{name}_d"])]
+    return nodes, inits
+
+
+@pytest.mark.parametrize("act,relu,n", [(np.uint8, False, 48), (np.uint8, True, 40),
+                                         (np.int8, True, 48)])  # 40: a last panel of 8 columns
+def test_residual_add_in_the_convolution_epilogue(act, relu, n):
+    # a QDQ residual block's tail, Q(Relu?(DQ(QConv(a)) + DQ(QConv(b)))) (a downsampling
+    # block's two branches): on CPU targets the add, the ReLU and the requantization run in
+    # one convolution's epilogue, in the graph's float steps, matching ONNX Runtime's output
+    # to a rounding tie
+    w = (RNG.standard_normal((n, 48, 3, 3)) * 0.05).astype(np.float32)
+    conv, x, _ = qdq_model("Conv", (1, 48, 9, 11), w, act=act,
+                           conv={"kernel_shape": [3, 3], "pads": [1] * 4})
+    nodes = list(conv.graph.node)
+    nodes[-1].output[0] = "yd"
+    inits = {t.name: numpy_helper.to_array(t) for t in conv.graph.initializer}
+    branch, more = _qdq_conv_branch("sc", "xd", (RNG.standard_normal((n, 48, 1, 1)) * 0.1)
+                                    .astype(np.float32), (-4.0, 4.0), act)
+    nodes += branch
+    nodes.append(helper.make_node("Add", ["yd", "sc_d"], ["s"]))
+    if relu:
+        nodes.append(helper.make_node("Relu", ["s"], ["s_relu"]))
+    so, zo = _qparams(0.0 if relu else -6.0, 8.0, act)
+    nodes += [helper.make_node("QuantizeLinear", ["s_relu" if relu else "s", "so", "zo"], ["sq"]),
+              helper.make_node("DequantizeLinear", ["sq", "so", "zo"], ["out"])]
+    model = make_model(nodes, [("x", np.float32, list(x.shape))], [("out", np.float32, None)],
+                       {**inits, **more, "so": so, "zo": np.array(zo, act)}, opset=17)
+    art = deploy.compile(model, target="host")
+    notes = [k.get("note", "") for k in art.manifest["kernels"]]
+    # quantize x, the shortcut's QConv, the QConv with the add, dequantize the output
+    assert len(notes) == 4 and any("QConv" in n and "_res" in n for n in notes), notes
+    ours, ref = art.load().run({"x": x})[0], run_ort(model, {"x": x})[0]
+    diff = np.abs(ours - ref)
+    assert diff.max() <= so * 1.01, f"max diff {diff.max()} > one step {so}"
+    assert (diff > so / 2).mean() <= 0.01, f"{(diff > so / 2).mean():.2%} differ by a step"
+
+
 def test_int8_path_follows_the_isa():
     from deploy.targets.target import int8_path
     cpu = load_target("x86_64-avx512")

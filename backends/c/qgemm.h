@@ -43,6 +43,12 @@ typedef struct {
   int x_signed, out_kind, path;                /* out_kind: 0 float32, 1 uint8, 2 int8, 3 bf16 */
   int act;                                     /* bf16: 1 clamp to [lo, hi], 2 GELU (erf) */
   float lo, hi;
+  /* int8 residual (res_kind 1 uint8, 2 int8; 0 none): the contraction's value q is saturated
+     to mid_kind's range with mid_zp, then v = (q - mid_zp) * mid_scale + (r - res_zp) *
+     res_scale, ReLU where relu, round(v / out_scale) + out_zp saturated to out_kind's */
+  int res_kind, mid_kind, relu;
+  int32_t mid_zp, res_zp;
+  float mid_scale, res_scale, out_scale;
 } dp_qgeom;
 
 /* the pointers of one call: packed weight, epilogue vectors, residual (bf16), output */
@@ -462,12 +468,79 @@ static void dp_b_store(const dp_qgeom* g, const float* acc, const int64_t* obase
   }
 }
 
+/* ---- int8 residual (res_kind): the float steps of the DequantizeLinear, Add, Relu and
+   QuantizeLinear it replaces, in their order; the two products are kept apart from their sum
+   (a fused multiply-add's single rounding would move ties of the final rounding) ---- */
+#if defined(__x86_64__)
+#define DP_APART(x) __asm__("" : "+x"(x))
+#elif defined(__aarch64__)
+#define DP_APART(x) __asm__("" : "+w"(x))
+#else
+#define DP_APART(x) ((void)0)
+#endif
+static inline float dp_q_lo(int kind) { return kind == 1 ? 0.0f : -128.0f; }
+static inline float dp_q_hi(int kind) { return kind == 1 ? 255.0f : 127.0f; }
+
+static inline int32_t dp_q_res1(const dp_qgeom* g, int32_t q, const void* res, int64_t o) {
+  const int32_t r = g->res_kind == 1 ? ((const uint8_t*)res)[o] : ((const int8_t*)res)[o];
+  float a = ((float)q - (float)g->mid_zp) * g->mid_scale;
+  float b = ((float)r - (float)g->res_zp) * g->res_scale;
+  DP_APART(a);
+  DP_APART(b);
+  float v = a + b;
+  if (g->relu) v = v > 0.0f ? v : 0.0f;
+  v = nearbyintf(v / g->out_scale) + (float)g->out_zp;
+  const float lo = dp_q_lo(g->out_kind), hi = dp_q_hi(g->out_kind);
+  return (int32_t)(v < lo ? lo : v > hi ? hi : v);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+static inline __m512i dp_q_res16(const dp_qgeom* g, __m512i q, const void* res) {
+  const __m128i rb = _mm_loadu_si128((const __m128i*)res);
+  const __m512i r = g->res_kind == 1 ? _mm512_cvtepu8_epi32(rb) : _mm512_cvtepi8_epi32(rb);
+  __m512 a = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps((float)g->mid_zp)),
+                           _mm512_set1_ps(g->mid_scale));
+  __m512 b = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(r), _mm512_set1_ps((float)g->res_zp)),
+                           _mm512_set1_ps(g->res_scale));
+  __asm__("" : "+v"(a), "+v"(b));
+  __m512 v = _mm512_add_ps(a, b);
+  if (g->relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+  v = _mm512_roundscale_ps(_mm512_div_ps(v, _mm512_set1_ps(g->out_scale)),
+                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  v = _mm512_add_ps(v, _mm512_set1_ps((float)g->out_zp));
+  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(dp_q_lo(g->out_kind))),
+                    _mm512_set1_ps(dp_q_hi(g->out_kind)));
+  return _mm512_cvtps_epi32(v);
+}
+#endif
+#ifdef __AVX2__
+static inline __m256i dp_q_res8(const dp_qgeom* g, __m256i q, const void* res) {
+  const __m128i rb = _mm_loadl_epi64((const __m128i*)res);
+  const __m256i r = g->res_kind == 1 ? _mm256_cvtepu8_epi32(rb) : _mm256_cvtepi8_epi32(rb);
+  __m256 a = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps((float)g->mid_zp)),
+                           _mm256_set1_ps(g->mid_scale));
+  __m256 b = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(r), _mm256_set1_ps((float)g->res_zp)),
+                           _mm256_set1_ps(g->res_scale));
+  __asm__("" : "+x"(a), "+x"(b));
+  __m256 v = _mm256_add_ps(a, b);
+  if (g->relu) v = _mm256_max_ps(v, _mm256_setzero_ps());
+  v = _mm256_round_ps(_mm256_div_ps(v, _mm256_set1_ps(g->out_scale)),
+                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  v = _mm256_add_ps(v, _mm256_set1_ps((float)g->out_zp));
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(dp_q_lo(g->out_kind))),
+                    _mm256_set1_ps(dp_q_hi(g->out_kind)));
+  return _mm256_cvtps_epi32(v);
+}
+#endif
+
 /* ---- epilogue: rows [m0, m0 + rows) of one 16-column panel at n0 ---- */
 static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* obase, int64_t rows,
                        int64_t n0, const int32_t* corr, const float* mult, const float* off,
-                       const int32_t* zw, const int32_t* rsum, void* out) {
+                       const int32_t* zw, const int32_t* rsum, const void* res, void* out) {
   const int64_t cols = g->n - n0 < DP_QNR ? g->n - n0 : DP_QNR;
-  const int32_t lo = g->out_kind == 1 ? 0 : -128, hi = g->out_kind == 1 ? 255 : 127;
+  const int kind = g->res_kind ? g->mid_kind : g->out_kind;  /* the contraction's own type */
+  const int32_t zq = g->res_kind ? g->mid_zp : g->out_zp;
+  const int32_t lo = kind == 1 ? 0 : -128, hi = kind == 1 ? 255 : 127;
   for (int64_t r = 0; r < rows; r++) {
     const int64_t base = obase[r] + n0 * g->os_ch;
     const int32_t rs = zw ? rsum[r] : 0;
@@ -480,8 +553,9 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
       __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_loadu_ps(mult + n0)),
                                _mm512_loadu_ps(off + n0));
       if (g->out_kind == 0) { _mm512_storeu_ps((float*)out + base, v); continue; }
-      __m512i qi = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(g->out_zp));
+      __m512i qi = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(zq));
       qi = _mm512_min_epi32(_mm512_max_epi32(qi, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
+      if (g->res_kind) qi = dp_q_res16(g, qi, (const char*)res + base);
       _mm_storeu_si128((__m128i*)((char*)out + base), _mm512_cvtepi32_epi8(qi));
       continue;
     }
@@ -497,8 +571,9 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
         __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(t), _mm256_loadu_ps(mult + n0 + 8 * h)),
                                  _mm256_loadu_ps(off + n0 + 8 * h));
         if (g->out_kind == 0) { _mm256_storeu_ps((float*)out + base + 8 * h, v); continue; }
-        __m256i qi = _mm256_add_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(g->out_zp));
+        __m256i qi = _mm256_add_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(zq));
         q[h] = _mm256_min_epi32(_mm256_max_epi32(qi, _mm256_set1_epi32(lo)), _mm256_set1_epi32(hi));
+        if (g->res_kind) q[h] = dp_q_res8(g, q[h], (const char*)res + base + 8 * h);
       }
       if (g->out_kind != 0) {
         __m256i p16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
@@ -515,8 +590,9 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
       v = v + off[n0 + j];
       int64_t o = base + j * g->os_ch;
       if (g->out_kind == 0) { ((float*)out)[o] = v; continue; }
-      int32_t qi = (int32_t)nearbyintf(v) + g->out_zp;
+      int32_t qi = (int32_t)nearbyintf(v) + zq;
       qi = qi < lo ? lo : qi > hi ? hi : qi;
+      if (g->res_kind) qi = dp_q_res1(g, qi, res, o);
       if (g->out_kind == 1) ((uint8_t*)out)[o] = (uint8_t)qi;
       else ((int8_t*)out)[o] = (int8_t)qi;
     }
@@ -548,7 +624,7 @@ static void dp_q_micro_vnni512x2(const char* a, int64_t lda, const int8_t* p0, c
 static void dp_q_emit(const dp_qgeom* g, const int32_t* acc, const int64_t* obase, int64_t rows,
                       int64_t n0, const dp_qargs* q, const int32_t* rsum) {
   if (g->path == 4) dp_b_store(g, (const float*)acc, obase, rows, n0, q->off, q->res, q->out);
-  else dp_q_store(g, acc, obase, rows, n0, q->corr, q->mult, q->off, q->zw, rsum, q->out);
+  else dp_q_store(g, acc, obase, rows, n0, q->corr, q->mult, q->off, q->zw, rsum, q->res, q->out);
 }
 
 #if defined(__AMX_TILE__) && defined(__linux__) && (defined(__AMX_INT8__) || defined(__AMX_BF16__))

@@ -126,10 +126,11 @@ def pack_kernel(k, step: dict, plan, target_path: str):
         buf = Buffer(f"q{key}", tuple(arr.shape), DType.from_np(arr.dtype))
         inputs.append(buf)
         vids.append(plan.new_constant(arr, buf))
-    if st.spec.residual:
-        res = k.inputs[3]
+    if st.spec.residual:  # (a bf16 stage's fourth input, an int8 QConv's seventh)
+        at = 3 if st.spec.kind == "bf16" else 6
+        res = k.inputs[at]
         inputs.append(Buffer("qres", res.shape, res.dtype))
-        vids.append(step["inputs"][3])
+        vids.append(step["inputs"][at])
         packed = dict(packed, res=None)
     step["inputs"] = vids
     spec = dataclasses.replace(st.spec, path=path)
@@ -147,6 +148,11 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     rows = geom[0]  # symbolic for a MatMul over batch x sequence rows: set per call
     fields = [str(int(v)) if k or not is_sym(v) else "0" for k, v in enumerate(geom)]
     fields += [_float(s.lo), _float(s.hi)]
+    int8_res = s.residual and s.kind == "int8"  # the requantized residual add (qgemm.h)
+    fields += [str(x) for x in (
+        (2 if s.res_signed else 1) if int8_res else 0, OUT_CODE[s.mid_out] if int8_res else 0,
+        int(s.relu), s.mid_zp, s.res_zp)]
+    fields += [_float(s.mid_scale), _float(s.res_scale), _float(s.out_scale)]
     args = [names.get(key, "NULL") for key in ("x", "w", "corr", "mult", "off", "zw", "res")]
     lines = [f"  /* {s.kind} {s.path}: {s.m} x {s.n} x {s.k}, {s.out} out */"]
     if is_sym(rows):

@@ -14,6 +14,13 @@ The ``int8`` pass (``graph_ir/passes/quantized.py``) makes them from a QDQ model
 ``out_dtype`` float32 the output is ``v``; with uint8 / int8 it is
 ``saturate(round_half_even(v) + out_zp)`` (``mult`` and ``offset`` then already divided by the
 output scale), as ONNX Runtime's QLinearConv / QLinearMatMul requantize.
+
+A QConv may take a seventh input ``r`` (uint8 / int8, the output's shape and layout: a QDQ
+residual, ``fold_residuals``): its requantized value ``q`` (``mid_dtype``, zero point ``mid_zp``)
+is then dequantized and added to ``r``'s, optionally through ReLU, and quantized again:
+``saturate(round_half_even(max?((q - mid_zp) * mid_scale + (r - res_zp) * res_scale) /
+out_scale) + out_zp)``, the float steps of the DequantizeLinear, Add, Relu and QuantizeLinear
+it replaces, in their order.
 """
 from __future__ import annotations
 
@@ -77,6 +84,18 @@ def _conv_attrs(attrs) -> dict:
             "group": 1, "layout": attrs["layout"]}
 
 
+def _residual(q: np.ndarray, r: np.ndarray, attrs) -> np.ndarray:
+    """The residual epilogue (see the module docstring) in float32, as the kernels do it."""
+    f = np.float32
+    v = ((q.astype(f) - f(attrs["mid_zp"])) * f(attrs["mid_scale"])
+         + (r.astype(f) - f(attrs["res_zp"])) * f(attrs["res_scale"]))
+    if attrs["relu"]:
+        v = np.maximum(v, f(0))
+    info = np.iinfo(DType[attrs["out_dtype"]].np)
+    v = np.rint(v / f(attrs["out_scale"])) + f(attrs["out_zp"])
+    return np.clip(v, info.min, info.max).astype(info.dtype)
+
+
 def _qconv_ref(ins, attrs):
     x, w, w_zp = ins[0], ins[1], ins[2]
     # float64 holds every partial sum exactly (|acc| < 2^53): the conv reference computes it
@@ -85,12 +104,18 @@ def _qconv_ref(ins, attrs):
     ws = w.astype(np.float64) - np.asarray(w_zp, np.float64).reshape(zshape)
     (acc,) = Conv.reference([xs, ws], _conv_attrs(attrs))
     axis = 3 if attrs["layout"] == "NHWC" else 1
-    return [_epilogue(np.rint(acc).astype(np.int64), ins, attrs, axis)]
+    acc = np.rint(acc).astype(np.int64)
+    if len(ins) < 7:
+        return [_epilogue(acc, ins, attrs, axis)]
+    mid = dict(attrs, out_dtype=attrs["mid_dtype"], out_zp=attrs["mid_zp"])
+    return [_residual(_epilogue(acc, ins, mid, axis), ins[6], attrs)]
 
 
 QConv = define("QConv", Kind.OPAQUE, _qconv_shape, _out_dtype, _qconv_ref,
                strides=REQUIRED, pads=REQUIRED, dilations=REQUIRED, layout="NCHW", x_zp=0,
-               out_dtype="float32", out_zp=0,
+               out_dtype="float32", out_zp=0, mid_dtype="", mid_zp=0, mid_scale=1.0, res_zp=0,
+               res_scale=1.0, out_scale=1.0, relu=0,
                doc="2-D convolution (group 1) of quantized x and w in integers, then the "
-                   "QMatMul epilogue per output channel.")
+                   "QMatMul epilogue per output channel (and, with a seventh input, a "
+                   "requantized residual add).")
 

@@ -22,7 +22,7 @@ from .layout import layout
 from .merge import merge_projections
 from .packed import pack_bf16
 from .precision import convert_precision
-from .quantized import fold_qdq
+from .quantized import fold_qdq, fold_residuals
 from .simplify import simplify
 
 PIPELINE = [
@@ -34,6 +34,7 @@ PIPELINE = [
     ("fold_affine", fold_affine),  # BatchNorm (per-channel x*s+t) into conv weights and bias
     ("merge", merge_projections),  # sibling MatMuls of one input (q, k, v) -> one wider GEMM
     ("layout", layout),  # NHWC convolutions and pools where the target prefers them
+    ("int8_residual", fold_residuals),  # QDQ residual adds into the QConv before them (CPU)
     ("precision", convert_precision),  # --dtype fp16/bf16/fp8: half compute, fp32 where sensitive
     ("bf16_dot", pack_bf16),  # bf16 contractions + epilogues -> packed ops (CPU dot products)
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each

@@ -319,6 +319,60 @@ def max_pool(node: Node, rw: Rewriter) -> Value | None:
                    node.name + "_dq")
 
 
+def _dq_chain(rw: Rewriter, v: Value) -> list[Value] | None:
+    """The values of ``v = Mul(Sub?(Cast(q), zp), s)`` from ``v`` down to the Cast's output,
+    if each is read once (by the next), else None."""
+    out = [v]
+    n = rw.prod(v)
+    while n is not None and n.op.name in ("Mul", "Sub", "Cast"):
+        if n.op.name == "Cast":
+            return out if all(rw.single_use(x) for x in out) else None
+        out.append(n.inputs[0])
+        n = rw.prod(n.inputs[0])
+    return None
+
+
+def residual_add(node: Node, rw: Rewriter) -> Value | None:
+    # Q(Relu?(DQ(QConv(x)) + DQ(r))) -> QConv(x, ..., r): a QDQ residual block's add, ReLU and
+    # requantization in the convolution's epilogue (CPU; see ops/quant.py for the arithmetic)
+    quant = _quantize(node, rw)
+    if quant is None or not all(rw.single_use(v) for v in quant[3]):
+        return None
+    y, so, zo, _ = quant
+    relu = rw.prod(y, "Relu")
+    add = rw.prod(relu.inputs[0] if relu is not None else y, "Add")
+    if add is None or not rw.single_use(y) or relu is not None and not rw.single_use(add.outputs[0]):
+        return None
+    for k in (0, 1):
+        d, e = _dequantized(rw, add.inputs[k]), _dequantized(rw, add.inputs[1 - k])
+        conv = rw.prod(d[0], "QConv") if d is not None else None
+        if conv is None or e is None or len(conv.inputs) > 6 or conv.attrs["layout"] != "NHWC":
+            continue
+        (q, z1, s1), (r, zr, sr) = d, e
+        scalars = [a.size == 1 for a in (z1, s1, zr, sr)]
+        if not (conv.attrs["out_dtype"] in ("uint8", "int8") and r.dtype in QTYPES
+                and tuple(r.shape) == tuple(q.shape) and all(scalars)
+                and z1.item() == conv.attrs["out_zp"] and zr.item() == int(zr.item())
+                and rw.single_use(q) and _dq_chain(rw, add.inputs[k]) is not None):
+            continue
+        attrs = dict(conv.attrs, out_dtype=node.outputs[0].dtype.name, out_zp=zo,
+                     mid_dtype=conv.attrs["out_dtype"], mid_zp=conv.attrs["out_zp"],
+                     mid_scale=s1.item(), res_zp=int(zr.item()), res_scale=sr.item(),
+                     out_scale=float(so), relu=int(relu is not None))
+        return rw.emit("QConv", [*conv.inputs, r], conv.name + "_res", **attrs)
+    return None
+
+
+def fold_residuals(g: Graph, target=None) -> Graph:
+    """QDQ residual adds into the channels-last QConv before them (``residual_add``), on CPU
+    targets with int8 kernels (after the layout pass: the C template indexes the residual as
+    its output, NHWC; GPUs fuse the same chain as the kernel's elementwise epilogue)."""
+    if target is None or target.kind != "cpu" or target.int8_path() == "none":
+        return g
+    g, fired = rewrite(g, [("Cast", residual_add)])
+    return dce(g) if fired else g
+
+
 RULES = [("MatMul", contraction), ("Conv", contraction), ("Add", add_bias), ("Cast", requantize),
          ("Cast", rescale_identity), ("Cast", requantize_identity), ("Pool", max_pool)]
 
