@@ -312,7 +312,9 @@ def test_matmul_whose_rows_are_batch_times_seq():
                        {"W": randn(rng, 64, 40), "B": randn(rng, 40)})
     mod = compile_symbolic(model, ["batch", "seq"])
     for b, s in ((1, 1), (1, 5), (2, 7), (3, 13), (2, 1), (1, 37)):
-        compare(mod, model, {"x": randn(rng, b, s, 64)})
+        # ``mixed`` sums seq products of size ~64 * |x|^3 (rows reach 10^2-10^3): an entry
+        # that cancels to ~1e-2 carries float32 rounding of the terms, ~1e-5, in any order
+        compare(mod, model, {"x": randn(rng, b, s, 64)}, atol=1e-3)
 
 
 def test_more_ops_over_a_symbolic_axis():
