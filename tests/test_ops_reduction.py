@@ -35,6 +35,22 @@ def test_reductions(opset, axes, keepdims):
     check_against_ort(_reduce_model(opset, axes, keepdims, [3, 4, 5]), {"x": x}, rtol=1e-4)
 
 
+def test_max_and_min_keep_nans_and_vectorized_rows():
+    # ReduceMax / ReduceMin over rows long enough for the SIMD reduction: a row with a NaN
+    # anywhere gives NaN (numpy's max; ONNX Runtime's CPU kernel gives NaN only where the NaN
+    # comes first in the row), the others their extreme, exactly
+    nodes = [helper.make_node("ReduceMax", ["x"], ["mx"], axes=[1], keepdims=0),
+             helper.make_node("ReduceMin", ["x"], ["mn"], axes=[1], keepdims=0)]
+    model = make_model(nodes, [("x", np.float32, [6, 200])],
+                       [("mx", np.float32, None), ("mn", np.float32, None)], opset=17)
+    x = np.random.default_rng(3).standard_normal((6, 200)).astype(np.float32)
+    x[1, 0] = x[2, 199] = x[3, 77] = np.nan
+    ours = run_deploy(model, {"x": x})
+    for a, b in zip(ours, (x.max(axis=1), x.min(axis=1))):
+        np.testing.assert_array_equal(a, b)  # (NaNs compare equal here)
+    assert np.isnan(ours[0][[1, 2, 3]]).all() and not np.isnan(ours[0][[0, 4, 5]]).any()
+
+
 def test_reduce_empty_set_gives_identities():
     model = _reduce_model(18, [1], 1, [2, 0, 3])
     x = np.zeros((2, 0, 3), np.float32)

@@ -749,13 +749,28 @@ class CRenderer:
         else:
             lines.append(f"{ind}{ctype} {acc} = {self._reduce_init(e)};")
         rvars = [v for v, _ in e.vars]
-        # a float sum with no nested reduction vectorizes as an OpenMP SIMD reduction
-        simd = (e.op is R.SUM and ctype in ("float", "double")
+        # a float sum, max or min with no nested reduction vectorizes as an OpenMP SIMD
+        # reduction; a max / min counts NaNs on the side (OpenMP's max leaves their order
+        # unspecified) and is NaN when one was seen, as the serial DP_MAX chain is
+        simd = (e.op in (R.SUM, R.MAX, R.MIN) and ctype in ("float", "double")
                 and not any(isinstance(x, Reduce) for x in walk(e.body)))
+        extreme = simd and e.op is not R.SUM
+        clause = {R.SUM: f" reduction(+:{acc})", R.MAX: f" reduction(max:{acc}) reduction(|:{acc}_nan)",
+                  R.MIN: f" reduction(min:{acc}) reduction(|:{acc}_nan)"}.get(e.op, "")
+        if extreme:
+            lines.append(f"{ind}int {acc}_nan = 0;")
         depth = self._open_loops(lines, rvars, [n for _, n in e.vars], 0, ind, simd=simd,
-                                 clause=f" reduction(+:{acc})")
+                                 clause=clause)
         inner = ind + "  " * depth
         val = self.expr(e.body, lines, inner)
+        if extreme:
+            cmp = ">" if e.op is R.MAX else "<"
+            lines.append(f"{inner}{{ const {ctype} v_ = {val}; {acc}_nan |= v_ != v_; "
+                         f"{acc} = v_ {cmp} {acc} ? v_ : {acc}; }}")
+            for k in reversed(range(depth)):
+                lines.append(ind + "  " * k + "}")
+            lines.append(f"{ind}if ({acc}_nan) {acc} = NAN;")
+            return acc
         if arg:
             cmp = ">" if e.op is R.ARGMAX else "<"
             lines.append(f"{inner}{{ {ctype} v_ = {val}; if ({acc}_n == 0 || v_ {cmp} {best}) "
