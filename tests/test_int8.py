@@ -348,6 +348,27 @@ def test_residual_add_in_the_convolution_epilogue(act, relu, n):
     assert (diff > so / 2).mean() <= 0.01, f"{(diff > so / 2).mean():.2%} differ by a step"
 
 
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_requantize_through_movement_folds(act):
+    # Q(Transpose(DQ(q, s, z)), s, z) and the same through a Reshape (a QDQ attention merging
+    # its heads) move the bytes: one quantization left, outputs exactly ONNX Runtime's
+    s, z = _qparams(-2.0, 3.0, act)
+    q = lambda i, o: helper.make_node("QuantizeLinear", [i, "s", "z"], [o])
+    dq = lambda i, o: helper.make_node("DequantizeLinear", [i, "s", "z"], [o])
+    nodes = [q("x", "xq"), dq("xq", "xd"),
+             helper.make_node("Transpose", ["xd"], ["t"], perm=[0, 2, 1, 3]), q("t", "tq"),
+             dq("tq", "td"), helper.make_node("Reshape", ["td", "shape"], ["r"]), q("r", "rq"),
+             dq("rq", "out")]
+    model = make_model(nodes, [("x", np.float32, [1, 4, 6, 8])], [("out", np.float32, None)],
+                       {"s": s, "z": np.array(z, act), "shape": np.array([1, 6, 32], np.int64)},
+                       opset=17)
+    x = RNG.uniform(-2.5, 3.5, (1, 4, 6, 8)).astype(np.float32)
+    art = deploy.compile(model, target="host")
+    rounds = sum(k.get("note", "").count("Round") for k in art.manifest["kernels"])
+    assert rounds == 1, [k.get("note") for k in art.manifest["kernels"]]
+    np.testing.assert_array_equal(art.load().run({"x": x})[0], run_ort(model, {"x": x})[0])
+
+
 def test_int8_path_follows_the_isa():
     from deploy.targets.target import int8_path
     cpu = load_target("x86_64-avx512")

@@ -287,18 +287,30 @@ def rescale_identity(node: Node, rw: Rewriter) -> Value | None:
     return q
 
 
+MOVES = ("Transpose", "Reshape")  # value-preserving, one data input
+
+
 def requantize_identity(node: Node, rw: Rewriter) -> Value | None:
-    # Q(DQ(q, s, z), s, z) -> q (the product and the quotient round within 2^-23 of q - z)
+    # Q(DQ(q, s, z), s, z) -> q (the product and the quotient round within 2^-23 of q - z);
+    # through movement ops, Q(Transpose(DQ(q, s, z)), s, z) -> Transpose(q): a QDQ attention's
+    # heads merged back (BERT's Transpose and Reshape, each wrapped in the same Q/DQ pair)
     quant = _quantize(node, rw)
     if quant is None:
         return None
     y, sy, zy, _ = quant
+    moves = []
+    while (m := rw.prod(y)) is not None and m.op.name in MOVES and len(m.inputs) == 1:
+        moves.append(m)
+        y = m.inputs[0]
     d = _dequantized(rw, y)
     if d is None or d[0].dtype is not node.outputs[0].dtype or d[1].size != 1 or \
             d[2].size != 1 or float(d[1].reshape(())) != zy or \
             np.float32(d[2].reshape(())) != np.float32(sy):
         return None
-    return d[0]
+    q = d[0]
+    for m in reversed(moves):  # the same movement, on the bytes
+        q = rw.emit(m.op.name, [q], m.name + "_q", **m.attrs)
+    return q
 
 
 def max_pool(node: Node, rw: Rewriter) -> Value | None:
