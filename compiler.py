@@ -445,12 +445,15 @@ SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float
 
 
 def _contraction_types(graph: Graph) -> dict[str, int]:
-    """How many contractions compute in which type: CPU bf16 dot products (``bf16 dot-product``), else
+    """How many contractions compute in which type: CPU bf16 dot products (``bf16 dot-product``),
+    float32 Winograd convolutions (``fp32 winograd``), else
     their input's dtype (``fp32`` where a policy kept a layer wide: a depthwise convolution
     on a CPU with bf16 dot products, a layer the --max-error guard kept)."""
     out: dict[str, int] = {}
     for n in _members(graph):
-        if n.op.name in ("PackedConv", "PackedMatMul"):
+        if n.op.name == "PackedConv" and n.attrs["algo"] == "winograd":
+            key = "fp32 winograd"
+        elif n.op.name in ("PackedConv", "PackedMatMul"):
             key = "bf16 dot-product"
         elif n.op.kind is Kind.CONTRACTION and n.inputs[0] is not None:
             key = SHORT_DTYPES.get(n.inputs[0].dtype.name, n.inputs[0].dtype.name)

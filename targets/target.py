@@ -52,6 +52,9 @@ SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
                              "AMX / AVX512-BF16 dot products where compiled for them) or none "
                              "(bf16 storage, float32 loops); absent = dot where the ISA has "
                              "avx512_bf16 or amx_bf16 (bf16_path)")),
+    "winograd": ((str,), False, ("float32 3 x 3 convolutions at stride 1 (CPU): auto (Winograd "
+                                 "F(4x4, 3x3) or F(2x2, 3x3) by the layer's size), f2x2 (F(2x2, "
+                                 "3x3) only) or none; absent = auto")),
 }
 KINDS = {"cpu", "gpu"}
 BACKENDS = {"cpu": {"c"}, "gpu": {"triton", "cuda"}}
@@ -61,6 +64,7 @@ VECTOR_BITS = {128, 256, 512}
 WARP_SIZES = {32, 64}
 INT8_PATHS = {"cpu": ("amx", "vnni", "avx2", "scalar", "none"), "gpu": ("mma", "none")}
 BF16_PATHS = ("dot", "none")
+WINOGRAD_PATHS = ("auto", "f2x2", "none")
 HOST_ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
             "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd")  # read off /proc/cpuinfo
 GPU_ARCH = {"nvidia": re.compile(r"sm_\d+a?$"), "amd": re.compile(r"gfx[0-9a-f]+$")}
@@ -94,6 +98,7 @@ class Target:
     cc_flags: tuple[str, ...] = ()
     int8: str = ""
     bf16: str = ""
+    winograd: str = ""
     source: str = field(default="", compare=False)
 
     def int8_path(self, isa=None) -> str:
@@ -113,6 +118,14 @@ class Target:
         if self.bf16 or self.kind != "cpu":
             return self.bf16 or "none"
         return "dot" if {"avx512_bf16", "amx_bf16"} & set(self.cpu_isa()) else "none"
+
+    def winograd_path(self) -> str:
+        """Which Winograd convolutions float32 3 x 3 layers may take (C backend): ``auto``
+        (F(4x4, 3x3) or F(2x2, 3x3) by size), ``f2x2`` or ``none``: the ``winograd`` key,
+        ``auto`` on CPU targets without one, ``none`` on GPUs."""
+        if self.kind != "cpu":
+            return "none"
+        return self.winograd or "auto"
 
     def features(self) -> dict:
         """What kernels depend on; the key of tuning records (never the machine's name)."""
@@ -320,6 +333,9 @@ def _check_values(data: dict) -> list[str]:
     if data.get("bf16", "none") not in BF16_PATHS:
         problems.append(f"key 'bf16' must be one of {list(BF16_PATHS)}, got "
                         f"{_short(data['bf16'])}")
+    if data.get("winograd", "none") not in WINOGRAD_PATHS:
+        problems.append(f"key 'winograd' must be one of {list(WINOGRAD_PATHS)}, got "
+                        f"{_short(data['winograd'])}")
     problems += _check_numbers(data)
     for key, accepted in (("vector_bits", VECTOR_BITS), ("warp_size", WARP_SIZES)):
         if key in data and data[key] not in accepted:  # (tuning-record keys, on any kind)

@@ -9,7 +9,9 @@ read from ``x`` (strides, window, padding, so a convolution packs its im2col row
 where ``out[m, n]`` is stored. Backends render the stage with a template of their own
 (``backends/c/qgemm.py``); the weight is packed for the kernel at compile time there. A bf16
 stage (``kind="bf16"``) has no zero points; its epilogue adds a float32 bias, optionally a
-residual of the output's shape and layout, and clamps to ``[lo, hi]`` (``act="clip"``).
+residual of the output's shape and layout, and clamps to ``[lo, hi]`` (``act="clip"``). A
+float32 Winograd convolution (``kind="fp32"``, ``algo="winograd"``) has the same epilogue; its
+backend renders ``backends/c/winograd.h``'s F(2x2, 3x3) instead of the GEMM.
 """
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ class QGemmSpec:
     out_strides: tuple[int, int, int] = (0, 0, 1)  # image, pixel, channel
     weight_layout: str = "KN"  # the graph's weight: KN (a MatMul's), OIHW or HWIO
     path: str = ""  # the kernels that run it (the target's int8_path), set by the backend
-    kind: str = "int8"  # or "bf16"
+    kind: str = "int8"  # or "bf16", or "fp32" (a float32 Winograd convolution)
+    algo: str = "gemm"  # or "winograd": F(tile x tile, 3x3) (a PackedConv's algo)
+    tile: int = 2  # Winograd's outputs per tile side: 2 or 4
     act: str = "none"  # bf16: "clip" clamps to [lo, hi]
     lo: float = 0.0
     hi: float = 0.0
@@ -84,7 +88,10 @@ def qgemm_spec(ctx) -> QGemmSpec:
     """The spec of a QMatMul / QConv node being lowered (``ctx``: its ``LowerCtx``)."""
     node, x, out = ctx.node, ctx.ins[0], ctx.out
     if node.op.name.startswith("Packed"):
-        common = {"x_signed": False, "x_zp": 0, "out": ctx.attr("out"), "out_zp": 0, "kind": "bf16",
+        kind = "fp32" if x.dtype is DType.float32 else "bf16"
+        common = {"x_signed": False, "x_zp": 0, "out": ctx.attr("out"), "out_zp": 0, "kind": kind,
+                  "algo": ctx.attr("algo") if node.op.name == "PackedConv" else "gemm",
+                  "tile": int(ctx.attr("tile")) if node.op.name == "PackedConv" else 2,
                   "act": ctx.attr("act"), "lo": float(ctx.attr("lo")),
                   "hi": float(ctx.attr("hi")), "residual": len(ctx.ins) > 3}
     else:

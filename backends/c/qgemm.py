@@ -26,6 +26,7 @@ from ...graph_ir.types import DType
 from ...tensor_ir.kernel import Buffer
 from ...tensor_ir.qgemm import QGemmSpec, QGemmStage, weight_matrix
 from .sizes import c_size
+from .winograd import _float, pack_winograd, render_winograd
 
 NR = 16
 PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3, "amx": 2, "bf16": 4}
@@ -115,7 +116,10 @@ def pack_kernel(k, step: dict, plan, target_path: str):
     st = next((s for s in k.stages if isinstance(s, QGemmStage)), None)
     if st is None or st.spec.path:
         return k
-    if st.spec.kind == "bf16":
+    if st.spec.algo == "winograd":
+        path = f"winograd-f{st.spec.tile}x{st.spec.tile}"
+        packed = pack_winograd(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]])
+    elif st.spec.kind == "bf16":
         path, packed = "bf16", pack_bf16(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]])
     else:
         arrays = [plan.constants[vid] for vid in step["inputs"][1:6]]
@@ -127,7 +131,7 @@ def pack_kernel(k, step: dict, plan, target_path: str):
         inputs.append(buf)
         vids.append(plan.new_constant(arr, buf))
     if st.spec.residual:  # (a bf16 stage's fourth input, an int8 QConv's seventh)
-        at = 3 if st.spec.kind == "bf16" else 6
+        at = 6 if st.spec.kind == "int8" else 3
         res = k.inputs[at]
         inputs.append(Buffer("qres", res.shape, res.dtype))
         vids.append(step["inputs"][at])
@@ -141,6 +145,8 @@ def pack_kernel(k, step: dict, plan, target_path: str):
 def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     """The call of ``dp_qgemm`` for one stage; ``names`` maps its packed inputs to C names."""
     s = st.spec
+    if s.algo == "winograd":
+        return render_winograd(st, names, out)
     kp, np_ = padded_k(s.path, s.k), -(-s.n // NR) * NR
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
@@ -161,8 +167,3 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
         lines.append(f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};")
     return lines + [f"  dp_qgemm(&g_, {', '.join(args)}, {out});"]
 
-
-def _float(v: float) -> str:
-    """A C float literal; +-inf as +-FLT_MAX (a clamp to it changes no finite value)."""
-    v = float(np.clip(v, -np.finfo(np.float32).max, np.finfo(np.float32).max))
-    return f"{v!r}f"

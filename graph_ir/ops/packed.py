@@ -11,6 +11,9 @@ or HWIO), ``bias`` (float32 ``[N]``) and, optionally, ``residual`` (bfloat16, th
 shape). ``act``: ``none``, ``clip`` to ``[lo, hi]`` (a ReLU is ``lo = 0, hi = inf``), or
 ``gelu`` (``v / 2 * (1 + erf(v / sqrt(2)))``, after the residual); ``out``: ``bfloat16``, or
 ``float32`` where float32 loops read the result (a depthwise convolution's input).
+``algo="winograd"`` (PackedConv, 3 x 3, stride 1, set by the ``winograd`` pass): the C backend
+runs it as Winograd F(tile x tile, 3x3), ``tile`` 2 or 4 (``backends/c/winograd.h``); ``x``, ``w``, the residual and the
+output are float32 then (the pass makes float32 convolutions into it).
 Products of bf16 values are exact in float32; the sums are float32, rounded to bf16 once, at
 the store. The C backend packs ``w`` into pairs along k at compile time and runs AMX
 (``tdpbf16ps``) or AVX512-BF16 (``vdpbf16ps``) kernels (``backends/c/qgemm.h``).
@@ -25,12 +28,21 @@ from .elementwise import Erf
 from .registry import REQUIRED, Kind, define
 
 ACTS = ("none", "clip", "gelu")
+ALGOS = ("gemm", "winograd")
 OUTS = ("bfloat16", "float32")
 
 
 def _check(ins, attrs, out) -> None:
     if attrs["act"] not in ACTS:
         raise ValueError(f"act '{attrs['act']}' is not one of {ACTS}")
+    if attrs.get("algo", "gemm") not in ALGOS:
+        raise ValueError(f"algo '{attrs['algo']}' is not one of {ALGOS}")
+    if attrs.get("algo") == "winograd" and (tuple(ins[1].shape[:2]) != (3, 3) or
+                                            tuple(attrs["strides"]) != (1, 1) or
+                                            tuple(attrs["dilations"]) != (1, 1)):
+        raise ValueError("algo 'winograd' takes 3 x 3 windows at stride 1, dilation 1")
+    if attrs.get("tile", 2) not in (2, 4):
+        raise ValueError(f"tile {attrs['tile']} is not 2 or 4")
     if len(ins) > 3 and ins[3] is not None and tuple(ins[3].shape) != tuple(out):
         raise ValueError(f"residual {list(ins[3].shape)} must have the output's shape "
                          f"{list(out)}")
@@ -91,6 +103,6 @@ def _conv_ref(ins, attrs):
 
 PackedConv = define("PackedConv", Kind.OPAQUE, _conv_shape, _out_dtype, _conv_ref,
                     strides=REQUIRED, pads=REQUIRED, dilations=REQUIRED, act="none", lo=0.0,
-                    hi=0.0, out="bfloat16",
+                    hi=0.0, out="bfloat16", algo="gemm", tile=2,
                     doc="2-D channels-last convolution (group 1) of bf16 x and constant HWIO w "
-                        "with the PackedMatMul epilogue.")
+                        "with the PackedMatMul epilogue; algo winograd: float32 F(2x2, 3x3).")

@@ -81,10 +81,20 @@ def _packed(rw: Rewriter, v: Value | None) -> Node | None:
     return n if n is not None and n.op.name in PACKED and rw.single_use(v) else None
 
 
+def _epilogue_dtype(p: Node) -> DType | None:
+    """The type a packed op's epilogue folds more steps in: bf16 (the dot-product kernels'
+    bf16 output), float32 (a float32 Winograd convolution's), None (a bf16 op storing float32
+    sums for float32 loops: its kernel reads a bf16 residual)."""
+    if p.attrs.get("algo") == "winograd" and p.inputs[0].dtype is DType.float32:
+        return DType.float32
+    return BF16 if p.outputs[0].dtype is BF16 else None
+
+
 def add(node: Node, rw: Rewriter) -> Value | None:
     for k in (0, 1):
         p, other = _packed(rw, node.inputs[k]), node.inputs[1 - k]
-        if p is None or other is None or node.outputs[0].dtype is not BF16 or \
+        dtype = _epilogue_dtype(p) if p is not None else None
+        if dtype is None or other is None or node.outputs[0].dtype is not dtype or \
                 node.outputs[0].shape != p.outputs[0].shape or p.attrs["act"] != "none":
             continue
         ins = list(p.inputs)
@@ -94,7 +104,7 @@ def add(node: Node, rw: Rewriter) -> Value | None:
             bias = rw.const(ins[2]) + np.asarray(c, np.float32).reshape(-1)
             ins[2] = rw.new_const(bias.astype(np.float32), p.name + "_bias32", ins[2])
         elif c is None and len(ins) == 3 and other.shape == p.outputs[0].shape and \
-                other.dtype is BF16:
+                other.dtype is dtype:
             ins.append(other)
         else:
             continue
@@ -104,7 +114,7 @@ def add(node: Node, rw: Rewriter) -> Value | None:
 
 def clamp(node: Node, rw: Rewriter) -> Value | None:
     p = _packed(rw, node.inputs[0])
-    if p is None or node.outputs[0].dtype is not BF16:
+    if p is None or node.outputs[0].dtype is not _epilogue_dtype(p):
         return None
     clipped = p.attrs["act"] == "clip"
     lo, hi = (p.attrs["lo"], p.attrs["hi"]) if clipped else (-math.inf, math.inf)

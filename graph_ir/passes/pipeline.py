@@ -24,6 +24,7 @@ from .packed import pack_bf16
 from .precision import convert_precision
 from .quantized import fold_qdq, fold_residuals
 from .simplify import simplify
+from .winograd import winograd
 
 PIPELINE = [
     ("int8", fold_qdq),  # QDQ MatMul/Gemm/Conv -> integer contractions (before weights fold)
@@ -37,6 +38,7 @@ PIPELINE = [
     ("int8_residual", fold_residuals),  # QDQ residual adds into the QConv before them (CPU)
     ("precision", convert_precision),  # --dtype fp16/bf16/fp8: half compute, fp32 where sensitive
     ("bf16_dot", pack_bf16),  # bf16 contractions + epilogues -> packed ops (CPU dot products)
+    ("winograd", winograd),  # float32 3x3 convolutions + epilogues -> Winograd F(2x2, 3x3) (CPU)
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
 PASS_OPTIONS = {"precision": ("dtype", "keep_fp32", "calibration")}  # pass -> compile options it takes
