@@ -4,8 +4,9 @@
 instead of 144 or 36; float32 arithmetic).
 
 Taken: float32 channels-last convolutions (after ``layout``) and, on CPUs without AMX, the bf16
-``PackedConv`` of ``bf16_dot`` (its inputs widened, its output rounded once: float32 Winograd
-runs ResNet-50's 3 x 3 layers faster than bf16 dot products on AVX512-BF16), each with group 1,
+``PackedConv`` of ``bf16_dot`` from ``MIN_POSITIONS_F4`` outputs (its inputs widened, its output
+rounded once: float32 F(4x4, 3x3) ran ResNet-50's 56 x 56 and 28 x 28 3 x 3 layers 1.5x faster
+than bf16 dot products on 2 Zen 4 cores, F(2x2) its 14 x 14 ones no faster), each with group 1,
 a 3 x 3 window at stride 1 and dilation 1, a constant weight, static shapes, at least
 ``MIN_CHANNELS`` input and output channels and ``MIN_POSITIONS`` output positions per image;
 F(4x4, 3x3) from ``MIN_POSITIONS_F4``. Below them the transformed weight (36 / 9 or 16 / 9 the
@@ -46,8 +47,9 @@ def eligible(node: Node, w: np.ndarray | None) -> bool:
         return False
     if node.op.name == "Conv":
         ok = x.dtype is out.dtype is DType.float32 and a["layout"] == "NHWC" and a["group"] == 1
-    else:  # (a PackedConv is channels-last, group 1)
-        ok = x.dtype is DType.bfloat16 and a["algo"] == "gemm"
+    else:  # (a PackedConv is channels-last, group 1; F(2x2) ran no faster than its GEMM)
+        ok = x.dtype is DType.bfloat16 and a["algo"] == "gemm" and \
+            out.shape[1] * out.shape[2] >= MIN_POSITIONS_F4
     if not ok or tuple(a["strides"]) != (1, 1) or tuple(a["dilations"]) != (1, 1) or \
             tuple(w.shape[:2]) != (3, 3):
         return False
