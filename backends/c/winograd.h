@@ -36,7 +36,7 @@
 #define DP_WMR 6
 #define DP_WNR 16  /* columns per packed panel */
 #define DP_WNV (DP_WNR / DP_WVL)  /* vectors per panel */
-#define DP_WCHUNK 24576  /* tiles x points per chunk: V and M of 64 channels in L2/L3 */
+#define DP_WCHUNK 8192  /* tiles x points per chunk: V and M of 64 channels in L2/L3 */
 typedef float dp_wv __attribute__((vector_size(DP_WVL * 4)));
 typedef int32_t dp_wvi __attribute__((vector_size(DP_WVL * 4)));  /* comparisons' masks */
 typedef uint32_t dp_wvu __attribute__((vector_size(DP_WVL * 4)));
