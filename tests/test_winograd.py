@@ -92,6 +92,20 @@ def test_single_convolution(c, n, hw, pad, batch):
     _check(model, feed)
 
 
+def test_symbolic_batch():
+    """One artifact for every batch: the kernel reads the images' count per call."""
+    model, _ = _block(24, (28, 28))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    art = deploy.compile(model, target="host")
+    assert _tiles(art) == ["f4x4", "f4x4"]
+    mod = art.load()
+    for batch in (1, 3, 2):
+        x = RNG.standard_normal((batch, 24, 28, 28)).astype(np.float32)
+        ref = run_ort(model, {"x": x})[0]
+        np.testing.assert_allclose(mod.run({"x": x})[0], ref, rtol=1e-4,
+                                   atol=2e-5 * np.abs(ref).max())
+
+
 @pytest.mark.skipif(not X86 or "avx2" not in host_isa(), reason="needs an x86-64 CPU with AVX2")
 @pytest.mark.parametrize("name,flags,bits", [("avx2", "-march=x86-64-v3", 256),
                                              ("sse2", "-march=x86-64", 128)])

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...graph_ir.sym import is_sym
 from ...tensor_ir.qgemm import QGemmSpec, QGemmStage
+from .sizes import c_size
 
 NR = 16
 # G of F(tm x tm, 3 x 3) per output tile side tm (Lavin and Gray; points 0, +-1, +-2, inf)
@@ -44,7 +46,7 @@ def pack_winograd(spec: QGemmSpec, w, bias) -> dict[str, np.ndarray]:
 def render_winograd(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     """The call of ``dp_wino`` for one stage; ``names`` maps its packed inputs to C names."""
     s = st.spec
-    imgs = s.m // (s.oh * s.ow)
+    imgs = s.m // (s.oh * s.ow) if not is_sym(s.m) else 0  # a symbolic batch: set per call
     kp = -(-s.n // NR) * NR
     clip = s.act == "clip"
     lo, hi = (_float(s.lo), _float(s.hi)) if clip else ("0.0f", "0.0f")
@@ -52,10 +54,14 @@ def render_winograd(st: QGemmStage, names: dict[str, str], out: str) -> list[str
     fields = [imgs, s.ih, s.iw, s.c, s.n, s.oh, s.ow, s.pad[0], s.pad[1], kp, s.tile, bf16, bf16,
               int(s.out == "bfloat16"), int(clip)]
     args = [names.get(key, "NULL") for key in ("x", "w", "off", "res")]
-    note = f"winograd F({s.tile}x{s.tile}, 3x3): {imgs} x {s.oh} x {s.ow}, {s.c} -> {s.n} channels"
-    return [f"  /* {note} */",
-            f"  static const dp_wgeom g_ = {{{', '.join(map(str, fields))}, {lo}, {hi}}};",
-            f"  dp_wino(&g_, {', '.join(args)}, {out});"]
+    note = (f"winograd F({s.tile}x{s.tile}, 3x3): {imgs or 'batch'} x {s.oh} x {s.ow}, {s.c} -> "
+            f"{s.n} channels")
+    geom = f"dp_wgeom g_ = {{{', '.join(map(str, fields))}, {lo}, {hi}}};"
+    if is_sym(s.m):
+        lines = [f"  {geom}", f"  g_.n = ({c_size(s.m)}) / {s.oh * s.ow};"]
+    else:
+        lines = [f"  static const {geom}"]
+    return [f"  /* {note} */", *lines, f"  dp_wino(&g_, {', '.join(args)}, {out});"]
 
 
 def _float(v: float) -> str:

@@ -7,7 +7,7 @@ Taken: float32 channels-last convolutions (after ``layout``) and, on CPUs withou
 ``PackedConv`` of ``bf16_dot`` from ``MIN_POSITIONS_F4`` outputs (its inputs widened, its output
 rounded once: float32 F(4x4, 3x3) ran ResNet-50's 56 x 56 and 28 x 28 3 x 3 layers 1.5x faster
 than bf16 dot products on 2 Zen 4 cores, F(2x2) its 14 x 14 ones no faster), each with group 1,
-a 3 x 3 window at stride 1 and dilation 1, a constant weight, static shapes, at least
+a 3 x 3 window at stride 1 and dilation 1, a constant weight, static sizes but the batch, at least
 ``MIN_CHANNELS`` input and output channels and ``MIN_POSITIONS`` output positions per image;
 F(4x4, 3x3) from ``MIN_POSITIONS_F4``. Below them the transformed weight (36 / 9 or 16 / 9 the
 size, read from memory once per image at batch 1) and the partly empty tiles of a small map
@@ -43,8 +43,8 @@ def eligible(node: Node, w: np.ndarray | None) -> bool:
     a, x, out = node.attrs, node.inputs[0], node.outputs[0]
     if w is None or w.ndim != 4:
         return False
-    if not all(isinstance(d, int) for v in (x, out) for d in v.shape):
-        return False
+    if not all(isinstance(d, int) for v in (x, out) for d in v.shape[1:]):
+        return False  # (the batch may be symbolic: the kernel reads it per call)
     if node.op.name == "Conv":
         ok = x.dtype is out.dtype is DType.float32 and a["layout"] == "NHWC" and a["group"] == 1
     else:  # (a PackedConv is channels-last, group 1; F(2x2) ran no faster than its GEMM)
