@@ -1,7 +1,7 @@
 """CPU benchmark: deploy vs ONNX Runtime vs PyTorch eager vs torch.compile, same inputs, one run.
 
     python -m deploy.bench.cpu resnet50 mobilenet_v2 bert_base gpt2_small [--batch 1] [--runs 20]
-        [--threads 2] [--tune none|quick|full] [--no-torch]
+        [--threads 2] [--tune none|quick|full] [--no-torch] [--without PASS]
 
 For each model: export it (bench.models), compile it with deploy for ``host`` (optionally tuned),
 check it against ONNX Runtime (rtol 1e-3, atol 1e-4 of the output's largest magnitude: a
@@ -10,6 +10,9 @@ then time every engine on the same inputs,
 in alternating blocks (so the shared machine's load falls on all alike):
 medians after warm-up, milliseconds, and the ratios deploy/ORT and deploy/torch.compile. ORT and
 torch use the same thread count as deploy's OpenMP. Prints one markdown row per model.
+``--without PASS`` (e.g. ``winograd``) also compiles the model with that pipeline pass skipped
+(``DEPLOY_DISABLE_PASSES``) and times it with the others: columns "deploy without PASS ms" and
+"without/ORT".
 """
 from __future__ import annotations
 
@@ -45,7 +48,22 @@ def interleaved_ms(fns, runs: int, warmup: int = 3, rounds: int = 4) -> list[flo
     return [statistics.median(ts) for ts in times]
 
 
-def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch_too: bool) -> str:
+def _compile_without(path: str, tune: str, without: str):
+    """The model compiled with the pipeline pass ``without`` skipped, loaded."""
+    import deploy
+    before = os.environ.get("DEPLOY_DISABLE_PASSES")
+    os.environ["DEPLOY_DISABLE_PASSES"] = ",".join(p for p in (before, without) if p)
+    try:
+        return deploy.compile(path, tune=tune).load()
+    finally:
+        if before is None:
+            del os.environ["DEPLOY_DISABLE_PASSES"]
+        else:
+            os.environ["DEPLOY_DISABLE_PASSES"] = before
+
+
+def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch_too: bool,
+                without: str | None = None) -> str:
     import deploy
     import onnxruntime as ort
 
@@ -64,6 +82,11 @@ def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch
     ok = all(np.allclose(a, b, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(b).max(initial=0))))
              for a, b in zip(ours, ref))
     engines = [lambda: mod.run(feed), lambda: sess.run(None, feed)]
+    if without:
+        other = _compile_without(path, tune, without)
+        ok = ok and all(np.allclose(a, b, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(b).max())))
+                        for a, b in zip(other.run(feed), ref))
+        engines.append(lambda: other.run(feed))
     if torch_too:
         import torch
         torch.set_num_threads(threads)
@@ -73,11 +96,15 @@ def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch
         with torch.no_grad():
             compiled(*args)
         engines += [torch.no_grad()(lambda: module(*args)), torch.no_grad()(lambda: compiled(*args))]
-    times = interleaved_ms(engines, runs) + [float("nan")] * (4 - len(engines))
-    t_deploy, t_ort, t_eager, t_tc = times
+    times = interleaved_ms(engines, runs)
+    t_deploy, t_ort = times[:2]
+    t_without = times.pop(2) if without else None
+    t_eager, t_tc = (times[2:] + [float("nan")] * 2)[:2]
     cells = [name, str(batch), f"{compile_s:.1f}", f"{t_deploy:.2f}", f"{t_ort:.2f}"]
     cells += [f"{t_eager:.2f}", f"{t_tc:.2f}", f"{t_deploy / t_ort:.2f}",
               f"{t_deploy / t_tc:.2f}", "yes" if ok else "NO"]
+    if without:
+        cells += [f"{t_without:.2f}", f"{t_without / t_ort:.2f}"]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -89,13 +116,17 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--tune", default="none", choices=["none", "quick", "full"])
     p.add_argument("--no-torch", action="store_true", help="skip eager and torch.compile")
+    p.add_argument("--without", metavar="PASS",
+                   help="also time a build with this pipeline pass skipped (e.g. winograd)")
     a = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    extra = f" deploy without {a.without} ms | without/ORT |" if a.without else ""
     print("| model | batch | deploy compile s | deploy ms | ORT ms | eager ms | torch.compile ms | "
-          "deploy/ORT | deploy/torch.compile | matches ORT |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "deploy/ORT | deploy/torch.compile | matches ORT |" + extra)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if a.without else ""))
     for name in a.models:
-        print(bench_model(name, a.batch, a.runs, a.threads, a.tune, not a.no_torch), flush=True)
+        print(bench_model(name, a.batch, a.runs, a.threads, a.tune, not a.no_torch, a.without),
+              flush=True)
     return 0
 
 
