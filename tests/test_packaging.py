@@ -19,8 +19,8 @@ def test_package_data_covers_every_file():
     for pkg in conf["packages"]:
         folder = ROOT.joinpath(*pkg.split(".")[1:])
         for f in sorted(folder.iterdir()):
-            if f.is_dir() or f.name.startswith(".") or f.suffix in (".py", ".pyc") or \
-                    pkg == "deploy" and f.name in PROJECT_FILES:
+            if f.is_dir() or f.name.startswith(".") or f.suffix in (".py", ".pyc", ".dpk") or \
+                    pkg == "deploy" and f.name in PROJECT_FILES:  # (.dpk: the quick start's)
                 continue
             if not any(fnmatch.fnmatch(f.name, pat) for pat in data.get(pkg, [])):
                 missing.append(str(f.relative_to(ROOT)))

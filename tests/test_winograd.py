@@ -78,6 +78,8 @@ def test_residual_block(c, hw, batch, act, tile):
     model, feed = _block(c, hw, batch, act)
     art = _check(model, feed, expect=2)
     assert _tiles(art) == [tile, tile]
+    # (what `deploy inspect` shows of each kernel: "PackedConv winograd F(4x4) conv")
+    assert all(f"PackedConv winograd F({tile[1:]}) " in n for n in _winograd_notes(art))
     # conv_b, the add and the activation are one kernel: no elementwise kernel is left
     assert not [k for k in art.manifest["kernels"] if k["note"].startswith("elementwise: Add")]
 

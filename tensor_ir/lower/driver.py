@@ -20,8 +20,10 @@ def lower_node(node: Node, name: str, consts: dict[int, np.ndarray]) -> Kernel:
     outs = [Buffer(f"out{k}", _static(v.shape, node), v.dtype) for k, v in enumerate(node.outputs)]
     ctx = LowerCtx(node, ins, outs, consts)
     stages = fn(ctx)
+    algo = node.attrs.get("algo", "gemm")  # (a PackedConv's: "winograd F(4x4)" in the note)
+    how = f" winograd F({node.attrs['tile']}x{node.attrs['tile']})" if algo == "winograd" else ""
     return Kernel(name, [b for b in ins if b is not None], outs, ctx.temps, stages,
-                  note=f"{node.op.name} {node.name}")
+                  note=f"{node.op.name}{how} {node.name}")
 
 
 def _static(shape, node: Node) -> tuple:
