@@ -56,3 +56,13 @@ def check_against_ort(model, inputs: dict, rtol=1e-4, atol=1e-5, **options) -> l
 
 __all__ = ["TensorProto", "check_against_ort", "helper", "make_model", "random_input",
            "run_deploy", "run_ort"]
+
+
+def nchw_target():
+    """An x86-64 AVX2 target that keeps convolutions NCHW (the shipped CPU targets but
+    aarch64-neon prefer channels-last): the NCHW code paths, compiled and run here."""
+    import dataclasses
+
+    from deploy.targets.target import load_target
+    return dataclasses.replace(load_target("x86_64-avx2"), name="x86_64-avx2-nchw",
+                               preferred_layout="NCHW")
