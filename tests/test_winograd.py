@@ -108,6 +108,21 @@ def test_symbolic_batch():
                                    atol=2e-5 * np.abs(ref).max())
 
 
+def test_random_geometries():
+    """Ten seeded draws of channels (1-3 vectors and tails), maps (odd, even, square or not),
+    padding 0 or 1, batch 1-2, and a residual block or one convolution, against ONNX Runtime."""
+    draw = np.random.default_rng(57)
+    for _ in range(10):
+        c, n = (int(v) for v in draw.integers(16, 50, 2))
+        hw = tuple(int(v) for v in draw.integers(14, 34, 2))
+        pad, batch, block = (int(v) for v in draw.integers(0, 2, 3))
+        if pad == 0:
+            hw = (hw[0] + 2, hw[1] + 2)  # (14 x 14 outputs at least)
+        block = block and pad == 1
+        model, feed = _block(c, hw, batch=batch + 1, pad=pad, n=None if block else n)
+        _check(model, feed, expect=2 if block else 1)
+
+
 @pytest.mark.skipif(not X86 or "avx2" not in host_isa(), reason="needs an x86-64 CPU with AVX2")
 @pytest.mark.parametrize("name,flags,bits", [("avx2", "-march=x86-64-v3", 256),
                                              ("sse2", "-march=x86-64", 128)])
