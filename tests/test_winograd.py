@@ -108,6 +108,16 @@ def test_symbolic_batch():
                                    atol=2e-5 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("pads", [[0, 0, 1, 1], [0, 1, 2, 0]])
+def test_asymmetric_padding(pads):
+    """Top and left padding place the tiles; bottom and right only size the output."""
+    w = _w(32, 24)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3],
+                                         pads=pads)],
+                       [("x", np.float32, [1, 24, 30, 29])], [("y", np.float32, None)], {"w": w})
+    _check(model, {"x": RNG.standard_normal((1, 24, 30, 29)).astype(np.float32)})
+
+
 def test_random_geometries():
     """Ten seeded draws of channels (1-3 vectors and tails), maps (odd, even, square or not),
     padding 0 or 1, batch 1-2, and a residual block or one convolution, against ONNX Runtime."""
