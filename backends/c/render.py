@@ -48,6 +48,7 @@ from ...tensor_ir.schedule import (
 )
 from .attention import render_attention
 from .qgemm import render_qgemm
+from .regions import one_region
 from .sizes import c_size, size_var
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
@@ -206,8 +207,9 @@ class CRenderer:
         for view, base in k.aliases:  # the same memory, indexed with another shape
             lines.append(f"  {view.dtype.c_type}* {_ident(view.name)} = "
                          f"({view.dtype.c_type}*){_ident(base)};")
-        for stage, sched in zip(k.stages, schedules):
-            lines.extend(self.stage(stage, sched))
+        blocks = [self.stage(stage, sched) for stage, sched in zip(k.stages, schedules)]
+        region = one_region(blocks)  # several parallel stages: one fork of the threads
+        lines.extend(region if region is not None else [ln for b in blocks for ln in b])
         lines.append("}")
         return "\n".join(line for line in lines if line) + "\n"
 
