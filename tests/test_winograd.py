@@ -88,6 +88,7 @@ def test_residual_block(c, hw, batch, act, tile):
     (32, 20, (16, 16), 0, 1),    # no padding (14 x 14 out), output channels not a whole panel
     (16, 24, (27, 27), 1, 3),    # F(2x2): 588 tiles, two chunks (512 and a partial one)
     (16, 40, (64, 64), 1, 1),    # F(4x4): 256 tiles, two chunks (227 and a partial one)
+    (640, 640, (14, 14), 1, 12),  # many channels: chunks of 409 tiles (32 MB of scratch)
 ])
 def test_single_convolution(c, n, hw, pad, batch):
     model, feed = _block(c, hw, n=n, pad=pad, batch=batch)

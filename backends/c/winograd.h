@@ -37,6 +37,7 @@
 #define DP_WNR 16  /* columns per packed panel */
 #define DP_WNV (DP_WNR / DP_WVL)  /* vectors per panel */
 #define DP_WCHUNK 8192  /* tiles x points per chunk: V and M of 64 channels in L2/L3 */
+#define DP_WBYTES (32 << 20)  /* the most scratch one call takes: binds past 512 + 512 channels */
 typedef float dp_wv __attribute__((vector_size(DP_WVL * 4)));
 typedef int32_t dp_wvi __attribute__((vector_size(DP_WVL * 4)));  /* comparisons' masks */
 typedef uint32_t dp_wvu __attribute__((vector_size(DP_WVL * 4)));
@@ -285,7 +286,10 @@ static void dp_wino(const dp_wgeom* g, const void* x, const float* u, const floa
                     const void* res, void* out) {
   const int64_t pts = (g->tm + 2) * (g->tm + 2);
   const int64_t tiles = g->n * ((g->oh + g->tm - 1) / g->tm) * ((g->ow + g->tm - 1) / g->tm);
-  const int64_t chunk = tiles < DP_WCHUNK / pts ? tiles : DP_WCHUNK / pts;
+  /* DP_WCHUNK tile points, fewer where the channels are many: V and M within DP_WBYTES */
+  int64_t chunk = DP_WBYTES / (pts * (g->c + g->kp) * 4);
+  chunk = chunk > DP_WCHUNK / pts ? DP_WCHUNK / pts : chunk < DP_WMR ? DP_WMR : chunk;
+  chunk = tiles < chunk ? tiles : chunk;
   const int64_t rows = (chunk + DP_WMR - 1) / DP_WMR * DP_WMR;
   float* v = (float*)dp_scratch((size_t)(pts * rows * (g->c + g->kp)) * 4 + 64);
   if (!v) return;
