@@ -46,12 +46,18 @@ class QGemmSpec:
     weight_layout: str = "KN"  # the graph's weight: KN (a MatMul's), OIHW or HWIO
     path: str = ""  # the kernels that run it (the target's int8_path), set by the backend
     kind: str = "int8"  # or "bf16", or "fp32" (a float32 Winograd convolution)
-    algo: str = "gemm"  # or "winograd": F(tile x tile, 3x3) (a PackedConv's algo)
+    algo: str = "gemm"  # or "winograd": F(tile x tile, 3x3) (a PackedConv's algo), or
+    # "expand_dw" (an ExpandDepthwise: k = c the expansion's, n its channels, the window and
+    # oh, ow the depthwise convolution's; act / lo / hi the expansion's clamp)
     tile: int = 2  # Winograd's outputs per tile side: 2 or 4
     act: str = "none"  # bf16: "clip" clamps to [lo, hi]
     lo: float = 0.0
     hi: float = 0.0
     residual: bool = False  # bf16: the fourth input is added before the clamp; int8: below
+    act2: str = "none"  # expand_dw: the depthwise convolution's clamp, and the intermediate's
+    lo2: float = 0.0  # type (float32, or rounded to bf16)
+    hi2: float = 0.0
+    mid: str = "float32"
     # int8 with a residual (QConv's seventh input, ops/quant.py): the contraction's own
     # quantization (mid_out, mid_zp), then (q - mid_zp) * mid_scale + (r - res_zp) * res_scale,
     # ReLU (relu), / out_scale, + out_zp, saturated to ``out``
@@ -87,6 +93,8 @@ def _strides(shape) -> tuple[int, ...]:
 def qgemm_spec(ctx) -> QGemmSpec:
     """The spec of a QMatMul / QConv node being lowered (``ctx``: its ``LowerCtx``)."""
     node, x, out = ctx.node, ctx.ins[0], ctx.out
+    if node.op.name == "ExpandDepthwise":
+        return _expand_dw_spec(ctx)
     if node.op.name.startswith("Packed"):
         kind = "fp32" if x.dtype is DType.float32 else "bf16"
         common = {"x_signed": False, "x_zp": 0, "out": ctx.attr("out"), "out_zp": 0, "kind": kind,
@@ -128,6 +136,24 @@ def qgemm_spec(ctx) -> QGemmSpec:
                      kw=kw, stride=tuple(ctx.attr("strides")), pad=(pads[0], pads[1]),
                      dilation=tuple(ctx.attr("dilations")), x_strides=x_strides,
                      out_strides=out_strides, weight_layout="HWIO" if nhwc else "OIHW", **common)
+
+
+def _expand_dw_spec(ctx) -> QGemmSpec:
+    """An ExpandDepthwise: its FLOPs are counted as m * n * k (the depthwise outputs times the
+    expansion's length), the expansion's at the output's resolution."""
+    x, out = ctx.ins[0], ctx.out
+    nb, ih, iw, c = x.shape
+    kh, kw, _, n = ctx.ins[3].shape
+    _, oh, ow, _ = out.shape
+    pads = ctx.attr("pads")
+    return QGemmSpec(m=nb * oh * ow, n=n, k=c, x_signed=False, x_zp=0, out=ctx.attr("out"),
+                     out_zp=0, oh=oh, ow=ow, ih=ih, iw=iw, c=c, kh=kh, kw=kw,
+                     stride=tuple(ctx.attr("strides")), pad=(pads[0], pads[1]),
+                     x_strides=tuple(_strides(x.shape)), out_strides=(oh * ow * n, n, 1),
+                     weight_layout="HWIO", kind="fp32" if x.dtype is DType.float32 else "bf16",
+                     algo="expand_dw", act=ctx.attr("act1"), lo=float(ctx.attr("lo1")),
+                     hi=float(ctx.attr("hi1")), act2=ctx.attr("act2"),
+                     lo2=float(ctx.attr("lo2")), hi2=float(ctx.attr("hi2")), mid=ctx.attr("mid"))
 
 
 def weight_matrix(spec: QGemmSpec, w):

@@ -218,9 +218,9 @@ def _until_bf16_dot(model, target):
 
 def test_inverted_residual_block_types(target):
     # what the dot products do not take stays float32: the depthwise convolution (storage
-    # included; the casts around it go into the neighbouring loops' epilogues), while the narrow
-    # expansion reads its bf16 input as it is; no projection is computed twice for its two
-    # readers (the shortcut and the expansion)
+    # included), while the narrow expansion reads its bf16 input as it is; no projection is
+    # computed twice for its two readers (the shortcut and the expansion); the expansion and the
+    # depthwise convolution then run as one kernel (expand_dw)
     model = _inverted_residual()[0]
     g = _until_bf16_dot(model, target)
     packed = [n for n in g.nodes if n.op.name == "PackedConv"]
@@ -232,7 +232,7 @@ def test_inverted_residual_block_types(target):
     assert sum(len(n.inputs) > 3 for n in packed) == 1  # the shortcut in one epilogue
     notes = [k["note"] for k in deploy.compile(model, target=target, dtype="bf16")
              .manifest["kernels"]]
-    assert len(notes) == 6 and sum(n.startswith("contraction: Conv") for n in notes) == 2, notes
+    assert len(notes) == 5 and sum(n.startswith("ExpandDepthwise") for n in notes) == 1, notes
 
 
 def test_inverted_residual_block_numerics(target):

@@ -13,7 +13,8 @@ Packed weight layouts (``DP_QNR`` = 16 columns per panel, zero-padded):
   ``- w_zp[n] * rowsum(a)[m]`` only where some ``w_zp`` is not 0;
 - ``bf16`` (a ``kind="bf16"`` stage): the bf16 bits, ``[N/16, K/2, 16, 2]`` (pairs along k, as
   ``vdpbf16ps`` multiplies them and as AMX's ``tdpbf16ps`` reads 16 pairs of a panel at a
-  time; k padded to 32 where that adds at most an eighth); ``off`` is the float32 bias.
+  time; on AMX targets (path ``bf16-amx``) k is padded to 32 where that adds at most an eighth,
+  elsewhere to pairs); ``off`` is the float32 bias.
 """
 from __future__ import annotations
 
@@ -25,18 +26,19 @@ from ...graph_ir.sym import is_sym
 from ...graph_ir.types import DType
 from ...tensor_ir.kernel import Buffer
 from ...tensor_ir.qgemm import QGemmSpec, QGemmStage, weight_matrix
+from .expand_dw import pack_expand_dw, render_expand_dw
 from .sizes import c_size
 from .winograd import _float, pack_winograd, render_winograd
 
 NR = 16
-PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3, "amx": 2, "bf16": 4}
+PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3, "amx": 2, "bf16": 4, "bf16-amx": 4}
 BYTE_PATHS = ("vnni", "avx2-u8s8", "amx")  # uint8 activations x int8 weights, quads of k
 
 
 def padded_k(path: str, k: int) -> int:
     """k padded to pairs (int16), quads (bytes) or, on amx, whole 64-byte tile rows where that
     adds at most an eighth (a 7 x 7 x 3 stem keeps quads and the vnni kernels)."""
-    tile = {"amx": 64, "bf16": 32}.get(path)  # k per AMX tile row
+    tile = {"amx": 64, "bf16-amx": 32}.get(path)  # k per AMX tile row
     if tile and (-k) % tile * 8 <= k:
         return -(-k // tile) * tile
     unit = 4 if path in BYTE_PATHS else 2
@@ -95,12 +97,13 @@ def pack(spec: QGemmSpec, w, w_zp, bias, mult, offset, path: str) -> dict[str, n
     return out
 
 
-def pack_bf16(spec: QGemmSpec, w, bias) -> dict[str, np.ndarray]:
+def pack_bf16(spec: QGemmSpec, w, bias, path: str = "bf16") -> dict[str, np.ndarray]:
     """The bf16 kernel's constant inputs: ``w`` (bf16 bits in pairs along k, panels of 16
-    columns, zero-padded) and ``off`` (the float32 bias, padded to whole panels)."""
+    columns, zero-padded) and ``off`` (the float32 bias, padded to whole panels); ``path``
+    ``bf16-amx`` pads k to whole AMX tile rows."""
     wm = np.asarray(weight_matrix(spec, w)).view(np.uint16)
     k, n = wm.shape
-    kp, np_ = padded_k("bf16", k), -(-n // NR) * NR
+    kp, np_ = padded_k(path, k), -(-n // NR) * NR
     full = np.zeros((kp, np_), np.uint16)
     full[:k, :n] = wm
     off = np.zeros(np_, np.float32)
@@ -119,8 +122,15 @@ def pack_kernel(k, step: dict, plan, target_path: str):
     if st.spec.algo == "winograd":
         path = f"winograd-f{st.spec.tile}x{st.spec.tile}"
         packed = pack_winograd(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]])
+    elif st.spec.algo == "expand_dw":
+        path = "expand-dw"
+        packed = pack_expand_dw(st.spec, *[plan.constants[v] for v in step["inputs"][1:5]])
     elif st.spec.kind == "bf16":
-        path, packed = "bf16", pack_bf16(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]])
+        # k padded to AMX tile rows only where AMX runs it: the vdpbf16ps kernels read a 1 x 1
+        # convolution's input in place only while k is the channel count (MobileNetV2's 144
+        # channels padded to 160 had every row copied first: 2x the time)
+        path = "bf16-amx" if target_path == "amx" else "bf16"
+        packed = pack_bf16(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]], path)
     else:
         arrays = [plan.constants[vid] for vid in step["inputs"][1:6]]
         path = kernel_path(st.spec, arrays[0], target_path)
@@ -147,6 +157,8 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     s = st.spec
     if s.algo == "winograd":
         return render_winograd(st, names, out)
+    if s.algo == "expand_dw":
+        return render_expand_dw(st, names, out)
     kp, np_ = padded_k(s.path, s.k), -(-s.n // NR) * NR
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),

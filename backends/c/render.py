@@ -54,6 +54,7 @@ from .sizes import c_size, size_var
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 QGEMM_H = (Path(__file__).parent / "qgemm.h").read_text()  # only in modules that call dp_qgemm
 WINOGRAD_H = (Path(__file__).parent / "winograd.h").read_text()  # ... and dp_wino
+EXPAND_DW_H = (Path(__file__).parent / "expand_dw.h").read_text()  # ... and dp_expand_dw
 
 F = "{f}"  # float-function suffix placeholder: "f" for float, "" for double
 COLLAPSE_BELOW = 64  # GEMM nests with fewer outer tiles share (outer, inner) tile pairs among threads
@@ -178,7 +179,8 @@ class CRenderer:
     def module(self, rendered: list[str]) -> str:
         body = "\n".join(rendered)
         return (PRELUDE + "\n" + (QGEMM_H + "\n" if "dp_qgemm(" in body else "")
-                + (WINOGRAD_H + "\n" if "dp_wino(" in body else "") + body)
+                + (WINOGRAD_H + "\n" if "dp_wino(" in body or "dp_expand_dw(" in body else "")
+                + (EXPAND_DW_H + "\n" if "dp_expand_dw(" in body else "") + body)
 
     def kernel(self, k: Kernel, schedules: list[StageSchedule]) -> str:
         self._tmp = 0  # fresh names per kernel: equal kernels render equal (compiler dedups)

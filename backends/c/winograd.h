@@ -22,6 +22,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #if defined(__AVX512F__)
 #define DP_WVL 16
@@ -63,6 +66,10 @@ static inline dp_wv dp_wload_bf16(const uint16_t* p) {
   dp_wv v; memcpy(&v, &w, sizeof v); return v;
 }
 static inline void dp_wstore_bf16(uint16_t* p, dp_wv v) {
+#if defined(__AVX512BF16__) && DP_WVL == 16  /* vcvtneps2bf16: the same rounding */
+  _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh((__m512)v));
+  return;
+#endif
   dp_wvu u; memcpy(&u, &v, sizeof u);
   const dp_wvu r = u + 0x7fffu + ((u >> 16) & 1u);
   const dp_wvi nan = (dp_wvi)((u & 0x7fffffffu) > 0x7f800000u);

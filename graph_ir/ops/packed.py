@@ -106,3 +106,61 @@ PackedConv = define("PackedConv", Kind.OPAQUE, _conv_shape, _out_dtype, _conv_re
                     hi=0.0, out="bfloat16", algo="gemm", tile=2,
                     doc="2-D channels-last convolution (group 1) of bf16 x and constant HWIO w "
                         "with the PackedMatMul epilogue; algo winograd: float32 F(2x2, 3x3).")
+
+
+# ---- a 1 x 1 expansion and the depthwise convolution after it (the ``expand_dw`` pass) ----
+
+def _dw_attrs(attrs, channels: int) -> dict:
+    return {"strides": attrs["strides"], "pads": attrs["pads"], "dilations": attrs["dilations"],
+            "group": channels, "layout": "NHWC"}
+
+
+def _expand_dw_shape(ins, attrs):
+    from ..types import TensorType
+    x, w1, w2 = ins[0], ins[1], ins[3]
+    if len(x.shape) != 4 or len(w1.shape) != 4 or tuple(w1.shape[:2]) != (1, 1) or \
+            w1.shape[2] != x.shape[-1]:
+        raise ValueError(f"ExpandDepthwise: w1 {list(w1.shape)} must be a 1 x 1 HWIO weight "
+                         f"over the input's {x.shape[-1]} channels")
+    e = w1.shape[3]
+    if len(w2.shape) != 4 or w2.shape[2] != 1 or w2.shape[3] != e:
+        raise ValueError(f"ExpandDepthwise: w2 {list(w2.shape)} must be a depthwise HWIO weight "
+                         f"[kh, kw, 1, {e}]")
+    if tuple(attrs["dilations"]) != (1, 1):
+        raise ValueError("ExpandDepthwise: the depthwise convolution takes dilation 1")
+    for key in ("act1", "act2"):
+        if attrs[key] not in ("none", "clip"):
+            raise ValueError(f"{key} '{attrs[key]}' is not none or clip")
+    mid = TensorType((*x.shape[:-1], e), DType.float32)
+    return Conv.shape_rule([mid, w2], _dw_attrs(attrs, e))
+
+
+def _expand_dw_dtype(ins, attrs):
+    if attrs["mid"] not in OUTS:
+        raise ValueError(f"mid '{attrs['mid']}' is not one of {OUTS}")
+    return _out_dtype(ins, attrs)
+
+
+def _clip(v: np.ndarray, act: str, lo: float, hi: float) -> np.ndarray:
+    return np.clip(v, np.float32(lo), np.float32(hi)) if act == "clip" else v
+
+
+def _expand_dw_ref(ins, attrs):
+    x, w1, b1, w2, b2 = (np.asarray(a).astype(np.float32) for a in ins)
+    e = w1.shape[3]
+    mid = _clip(x @ w1.reshape(w1.shape[2], e) + b1, attrs["act1"], attrs["lo1"], attrs["hi1"])
+    if attrs["mid"] == "bfloat16":
+        mid = mid.astype(DType.bfloat16.np).astype(np.float32)
+    (acc,) = Conv.reference([mid.astype(np.float32), w2], _dw_attrs(attrs, e))
+    v = _clip((acc + b2).astype(np.float32), attrs["act2"], attrs["lo2"], attrs["hi2"])
+    return [v if attrs["out"] == "float32" else v.astype(DType.bfloat16.np)]
+
+
+ExpandDepthwise = define(
+    "ExpandDepthwise", Kind.OPAQUE, _expand_dw_shape, _expand_dw_dtype, _expand_dw_ref,
+    strides=REQUIRED, pads=REQUIRED, dilations=REQUIRED, act1="none", lo1=0.0, hi1=0.0,
+    act2="none", lo2=0.0, hi2=0.0, mid="float32", out="float32",
+    doc="y = act2(depthwise_conv(act1(x @ w1 + b1), w2) + b2), channels-last: a 1 x 1 "
+        "convolution of constant HWIO w1 [1, 1, c, e] and its depthwise convolution (constant "
+        "w2 [kh, kw, 1, e], strides, pads), the intermediate (float32, or rounded to bf16: mid) "
+        "never stored; act: none or clip to [lo, hi]; out: float32 or bfloat16.")

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from ... import config
 from ..graph import Node, Value
 from ..types import DType, TensorType
 from .dce import dce
@@ -204,10 +205,13 @@ def loop_contractions(g, target) -> tuple[set[str], set[str]]:
     output reads, 2 more instructions per multiply-add; MobileNetV2's bf16 loops took 1.5x its
     float32 build, docs/benchmarks.md), and those of fewer than ``MIN_K`` products per output
     over a constant weight, which follow their input (a float32 input, the stem's image or a
-    depthwise result, is not rounded to bf16 for them; a bf16 one is read as it is)."""
+    depthwise result, is not rounded to bf16 for them; a bf16 one is read as it is). A narrow
+    1 x 1 convolution that a depthwise one reads (an expansion, which ``expand_dw`` fuses with
+    it) goes bf16 all the same: the fused kernel runs it on bf16 dot products."""
     if target is None or target.bf16_path() != "dot":
         return set(), set()
     keep, follow = set(), set()
+    readers = _readers(g)
     for node in g.nodes:
         if node.op.name not in ("Conv", "MatMul") or len(node.inputs) < 2:
             continue
@@ -216,9 +220,39 @@ def loop_contractions(g, target) -> tuple[set[str], set[str]]:
             continue
         if node.op.name == "Conv" and node.attrs.get("group", 1) != 1:
             keep.add(node.name)
-        elif w.size // max(w.shape[-1], 1) < MIN_K:
+        elif w.size // max(w.shape[-1], 1) < MIN_K and not _expands(node, w, readers):
             follow.add(node.name)
     return keep, follow
+
+
+CLAMPS = ("Relu", "Max", "Min", "Clip")
+
+
+def _readers(g) -> dict:
+    out: dict = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            if v is not None:
+                out.setdefault(v, []).append(n)
+    return out
+
+
+def _expands(node: Node, w, readers: dict) -> bool:
+    """Whether ``node`` is a 1 x 1 convolution whose only reader, through clamps, is a depthwise
+    convolution (a MobileNet block's expansion)."""
+    if node.op.name != "Conv" or w.ndim != 4 or w.shape[2:] != (1, 1) and w.shape[:2] != (1, 1):
+        return False
+    if "expand_dw" in config.disabled_passes():
+        return False
+    v = node.outputs[0]
+    while len(readers.get(v, ())) == 1:
+        (r,) = readers[v]
+        if r.op.name == "Conv" and r.inputs[0] is v:
+            return r.attrs.get("group", 1) == v.shape[-1 if r.attrs.get("layout") == "NHWC" else 1]
+        if r.op.name not in CLAMPS:
+            return False
+        v = r.outputs[0]
+    return False
 
 
 def pack_bf16(g, target=None):

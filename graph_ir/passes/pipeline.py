@@ -15,6 +15,7 @@ from ..printer import print_graph
 from ..verify import verify
 from .cse import cse
 from .dce import dce
+from .expand_dw import expand_dw
 from .fold import fold_constants
 from .fold_affine import fold_affine
 from .fuse import fuse
@@ -39,6 +40,7 @@ PIPELINE = [
     ("precision", convert_precision),  # --dtype fp16/bf16/fp8: half compute, fp32 where sensitive
     ("bf16_dot", pack_bf16),  # bf16 contractions + epilogues -> packed ops (CPU dot products)
     ("winograd", winograd),  # float32 3x3 convolutions + epilogues -> Winograd F(2x2, 3x3) (CPU)
+    ("expand_dw", expand_dw),  # 1x1 expansion + clamp + depthwise conv -> one kernel (CPU)
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
 PASS_OPTIONS = {"precision": ("dtype", "keep_fp32", "calibration")}  # pass -> compile options it takes
