@@ -132,8 +132,8 @@ def test_symbolic_batch():
 
 
 def test_what_is_not_fused(monkeypatch):
-    """An expansion another node reads, a dilated depthwise convolution, float32 builds and
-    targets without bf16 dot products keep two kernels."""
+    """An expansion another node reads, a dilated depthwise convolution, float32 builds,
+    targets without bf16 dot products and CPUs with AMX keep two kernels."""
     model, feed = _block(16, 64, (12, 12), expand_readers=2)
     _check(model, feed, monkeypatch, expect=0)
     model, feed = _block(16, 64, (12, 12))
@@ -143,7 +143,8 @@ def test_what_is_not_fused(monkeypatch):
     _check(model, feed, monkeypatch, expect=0)
     model, _ = _block(16, 64, (12, 12))
     assert _fused(deploy.compile(model, target=TARGET)) == 0
-    for other in (dataclasses.replace(TARGET, bf16="none"), load_target("a100")):
+    amx = dataclasses.replace(TARGET, isa=ISA + ("amx_tile", "amx_bf16"))
+    for other in (dataclasses.replace(TARGET, bf16="none"), amx, load_target("a100")):
         assert _fused(deploy.compile(model, target=other, dtype="bf16")) == 0
 
 

@@ -1,5 +1,5 @@
 """The ``expand_dw`` pass: a 1 x 1 expansion and the depthwise convolution that reads it ->
-one ``ExpandDepthwise`` (``--dtype bf16`` on CPU targets with bf16 dot products;
+one ``ExpandDepthwise`` (``--dtype bf16`` on CPU targets with bf16 dot products and no AMX;
 ``backends/c/expand_dw.h``).
 
 MobileNet-style blocks widen c channels to e = 4-6 c with a 1 x 1 convolution, clamp (ReLU6),
@@ -23,9 +23,10 @@ Before: ``%e = Min(Max(Conv(%x, %w1, %b1), 0), 6); %y = Min(Max(Conv(%e, %w2, %b
 0), 6)``. After: ``%y = ExpandDepthwise(%x, %w1, %b1, %w2, %b2) {act1=clip, lo1=0, hi1=6,
 act2=clip, lo2=0, hi2=6}``.
 
-Measured on MobileNetV2 (2 Zen 4 cores, docs/benchmarks.md): the bf16 build 20% faster. A
-float32 build is left alone: there the fused kernel's float32 expansion ran no faster than the
-GEMM loops it replaced and the whole model took longer (4.3 against 3.6 ms).
+Measured on MobileNetV2 (docs/benchmarks.md): on 2 Zen 4 cores (AVX512-BF16) the bf16 build
+ran 20% faster. Left alone: float32 builds (there the fused kernel's float32 expansion ran no
+faster than the GEMM loops it replaced and the whole model took longer, 4.3 against 3.6 ms) and
+CPUs with AMX (the 16-core Sapphire Rapids ran the unfused expansions' AMX GEMMs faster).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import numpy as np
 from ..graph import Node, Value
 from ..types import DType
 from .dce import dce
-from .packed import F32
+from .packed import F32, fuses_expansions
 from .rewrite import Rewriter, rewrite
 
 BF16 = DType.bfloat16
@@ -175,8 +176,8 @@ RULES = [("Conv", fuse_expansion), ("Relu", clamp_output), ("Max", clamp_output)
 
 def expand_dw(g, target=None):
     """Fused expansion + depthwise convolutions (see the module docstring) on CPU targets with
-    bf16 dot products."""
-    if target is None or target.kind != "cpu" or target.bf16_path() != "dot":
+    bf16 dot products and no AMX (``packed.fuses_expansions``)."""
+    if not fuses_expansions(target):
         return g
     g, fired = rewrite(g, RULES)
     return dce(g) if fired else g

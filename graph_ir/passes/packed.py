@@ -211,7 +211,7 @@ def loop_contractions(g, target) -> tuple[set[str], set[str]]:
     if target is None or target.bf16_path() != "dot":
         return set(), set()
     keep, follow = set(), set()
-    readers = _readers(g)
+    readers = _readers(g) if fuses_expansions(target) else {}
     for node in g.nodes:
         if node.op.name not in ("Conv", "MatMul") or len(node.inputs) < 2:
             continue
@@ -228,6 +228,16 @@ def loop_contractions(g, target) -> tuple[set[str], set[str]]:
 CLAMPS = ("Relu", "Max", "Min", "Clip")
 
 
+def fuses_expansions(target) -> bool:
+    """Whether the ``expand_dw`` pass runs for ``target``: CPUs with bf16 dot products and no
+    AMX (on the 16-core Sapphire Rapids the AMX GEMMs of the unfused expansions were faster:
+    MobileNetV2 1.05-1.48x OpenVINO fused, 1.00-1.23x not; docs/benchmarks.md), unless
+    ``DEPLOY_DISABLE_PASSES`` names it."""
+    return (target is not None and target.kind == "cpu" and target.bf16_path() == "dot"
+            and "amx_bf16" not in target.cpu_isa()
+            and "expand_dw" not in config.disabled_passes())
+
+
 def _readers(g) -> dict:
     out: dict = {}
     for n in g.nodes:
@@ -241,8 +251,6 @@ def _expands(node: Node, w, readers: dict) -> bool:
     """Whether ``node`` is a 1 x 1 convolution whose only reader, through clamps, is a depthwise
     convolution (a MobileNet block's expansion)."""
     if node.op.name != "Conv" or w.ndim != 4 or w.shape[2:] != (1, 1) and w.shape[:2] != (1, 1):
-        return False
-    if "expand_dw" in config.disabled_passes():
         return False
     v = node.outputs[0]
     while len(readers.get(v, ())) == 1:
