@@ -31,6 +31,14 @@
 #define DP_ENV 2  /* 6 x 2 vectors: 16 registers on AVX2 */
 #endif
 #define DP_EQ 4   /* depthwise outputs per strip */
+/* a value loaded once into a register: gcc would otherwise fold the load into each of the
+   multiply-adds that use it, loading it 2-4 times (the loads, not the multiply-adds, then bound
+   the loop) */
+#if defined(__x86_64__) && defined(__AVX512F__)
+#define DP_E_REG(v) __asm__("" : "+v"(v))
+#else
+#define DP_E_REG(v) (void)0
+#endif
 #define DP_EBYTES (160 << 10)  /* a band's expanded rows at once up to this size (L2) */
 
 typedef struct {
@@ -112,8 +120,8 @@ void dp_e_tile(const void* xr, const int64_t c, const int64_t ep, int64_t np,
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && DP_WVL == 16
 /* the same tile on vdpbf16ps: x bf16 (pairs of channels), w1 as bf16 pairs [c/2][ep][2] (w: the
    first column's pair of row 0) */
-#define DP_ED_FMA(r, p) { const __m512bh a_ = (__m512bh)_mm512_set1_epi32( \
-    dp_e_word((const char*)xr + ((p) * c + 2 * k) * 2)); \
+#define DP_ED_FMA(r, p) { __m512bh a_ = (__m512bh)_mm512_set1_epi32( \
+    dp_e_word((const char*)xr + ((p) * c + 2 * k) * 2)); DP_E_REG(a_); \
   r##0 = dp_e_dot(r##0, a_, w0); if (nv > 1) r##1 = dp_e_dot(r##1, a_, w1); \
   if (nv > 2) r##2 = dp_e_dot(r##2, a_, w2); if (nv > 3) r##3 = dp_e_dot(r##3, a_, w3); }
 static inline int32_t dp_e_word(const char* p) { int32_t v; memcpy(&v, p, 4); return v; }
@@ -257,7 +265,7 @@ static void dp_e_dw(const dp_egeom* g, float* const* rows, const float* w2, cons
 #define DP_E3Q 8
 #define DP_E3_ACC(q, v, wt) if ((q) >= 0 && (q) < DP_E3Q) \
   a[(q) < 0 ? 0 : (q) >= DP_E3Q ? DP_E3Q - 1 : (q)] += (v) * (wt);
-#define DP_E3_IN(p) { const dp_wv v_ = dp_wload(row + (p) * cw); \
+#define DP_E3_IN(p) { dp_wv v_ = dp_wload(row + (p) * cw); DP_E_REG(v_); \
   if (s == 1) { DP_E3_ACC(p, v_, w0) DP_E3_ACC((p) - 1, v_, w1) DP_E3_ACC((p) - 2, v_, w2) } \
   else if ((p) % 2 == 0) { DP_E3_ACC((p) / 2, v_, w0) DP_E3_ACC((p) / 2 - 1, v_, w2) } \
   else DP_E3_ACC(((p) - 1) / 2, v_, w1) }
@@ -327,7 +335,14 @@ static void dp_e_task(const dp_egeom* g, const void* x, const void* w1, const fl
   const int whole = nin + 1 <= nbuf;
   const int64_t used = whole ? nin : g->kh;
   float* zero = buf + used * rw;
-  memset(buf, 0, (size_t)((used + 1) * rw) * 4);
+  /* zeros where no expansion writes: the padding columns of each row, and the row the padding
+     rows point at (the buffer is the thread's, other kernels use it in between) */
+  const int64_t left = g->pw * cw, right = rw - (g->pw + g->iw) * cw;
+  for (int64_t r = 0; r < used; r++) {
+    memset(buf + r * rw, 0, (size_t)left * 4);
+    memset(buf + r * rw + rw - right, 0, (size_t)right * 4);
+  }
+  memset(zero, 0, (size_t)rw * 4);
   float* rows[64];
   if (whole) {
     const int64_t ra = top0 > 0 ? top0 : 0, rb = top0 + nin < g->ih ? top0 + nin : g->ih;
