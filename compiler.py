@@ -449,13 +449,14 @@ def _contraction_types(graph: Graph) -> dict[str, int]:
     float32 Winograd convolutions (``fp32 winograd``), else
     their input's dtype (``fp32`` where a policy kept a layer wide: a depthwise convolution
     on a CPU with bf16 dot products, a layer the --max-error guard kept). An
-    ``ExpandDepthwise`` counts as its two: the expansion in its input's type, the depthwise
-    convolution in float32."""
+    ``ExpandDepthwise`` counts as its two: the expansion (where it has one) in its input's
+    type, the depthwise convolution in float32."""
     out: dict[str, int] = {}
     for n in _members(graph):
         if n.op.name == "ExpandDepthwise":
-            key = SHORT_DTYPES.get(n.inputs[0].dtype.name, n.inputs[0].dtype.name)
-            out[key] = out.get(key, 0) + 1
+            if n.inputs[1] is not None:  # (the expansion's)
+                key = SHORT_DTYPES.get(n.inputs[0].dtype.name, n.inputs[0].dtype.name)
+                out[key] = out.get(key, 0) + 1
             key = "fp32"
         elif n.op.name == "PackedConv" and n.attrs["algo"] == "winograd":
             key = "fp32 winograd"

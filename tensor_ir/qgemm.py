@@ -58,6 +58,7 @@ class QGemmSpec:
     lo2: float = 0.0  # type (float32, or rounded to bf16)
     hi2: float = 0.0
     mid: str = "float32"
+    expand: bool = True  # expand_dw: False, the depthwise convolution alone (c = n)
     # int8 with a residual (QConv's seventh input, ops/quant.py): the contraction's own
     # quantization (mid_out, mid_zp), then (q - mid_zp) * mid_scale + (r - res_zp) * res_scale,
     # ReLU (relu), / out_scale, + out_zp, saturated to ``out``
@@ -153,7 +154,8 @@ def _expand_dw_spec(ctx) -> QGemmSpec:
                      weight_layout="HWIO", kind="fp32" if x.dtype is DType.float32 else "bf16",
                      algo="expand_dw", act=ctx.attr("act1"), lo=float(ctx.attr("lo1")),
                      hi=float(ctx.attr("hi1")), act2=ctx.attr("act2"),
-                     lo2=float(ctx.attr("lo2")), hi2=float(ctx.attr("hi2")), mid=ctx.attr("mid"))
+                     lo2=float(ctx.attr("lo2")), hi2=float(ctx.attr("hi2")), mid=ctx.attr("mid"),
+                     expand=ctx.ins[1] is not None)
 
 
 def weight_matrix(spec: QGemmSpec, w):

@@ -176,3 +176,34 @@ def test_op_reference_is_the_two_convolutions():
                      [("d", np.float32, None)], {k: v for k, v in w.items()})
     (ref,) = run_ort(cut, feed)
     np.testing.assert_allclose(ours.transpose(0, 3, 1, 2), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k,c,hw,act,taken", [(3, 32, (56, 60), "clip6", 1),
+                                              (3, 24, (57, 56), "relu", 1),
+                                              (3, 40, (64, 56), "none", 1),
+                                              (7, 40, (56, 56), "none", 0)])
+def test_depthwise_alone(k, c, hw, act, taken):
+    """Under bf16, a 3 x 3 depthwise convolution no expansion precedes takes the same kernel
+    (its rows copied into the buffer) at stride 1 from 56 x 56 outputs; 7 x 7 windows and small
+    maps keep the loops. The depthwise convolution computes in float32 (its input and output
+    too, here): against ONNX Runtime as float32 (rtol 1e-4, atol 2e-5 of the largest output)."""
+    inits = {"w": (RNG.standard_normal((c, 1, k, k)) / k).astype(np.float32),
+             "b": (RNG.standard_normal(c) * 0.1).astype(np.float32),
+             "lo": np.float32(0), "hi": np.float32(6)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["d"], kernel_shape=[k, k],
+                              pads=[k // 2] * 4, group=c)]
+    nodes += {"clip6": [helper.make_node("Clip", ["d", "lo", "hi"], ["out"])],
+              "relu": [helper.make_node("Relu", ["d"], ["out"])],
+              "none": [helper.make_node("Identity", ["d"], ["out"])]}[act]
+    model = make_model(nodes, [("x", np.float32, [1, c, *hw])], [("out", np.float32, None)],
+                       inits)
+    x = RNG.standard_normal((1, c, *hw)).astype(np.float32)
+    art = deploy.compile(model, target=TARGET, dtype="bf16")
+    assert _fused(art) == taken, [k.get("note") for k in art.manifest["kernels"]]
+    ref = run_ort(model, {"x": x})[0]
+    np.testing.assert_allclose(art.load().run({"x": x})[0], ref, rtol=1e-4,
+                               atol=2e-5 * np.abs(ref).max())
+    small = make_model(nodes, [("x", np.float32, [1, c, 20, 20])], [("out", np.float32, None)],
+                       inits)
+    assert _fused(deploy.compile(small, target=TARGET, dtype="bf16")) == 0  # (the loops)
+    assert _fused(deploy.compile(model, target=TARGET)) == 0  # (float32 builds: the loops)

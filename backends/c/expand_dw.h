@@ -18,7 +18,7 @@
      even, else float32 multiply-adds), + b1, clamp to [lo1, hi1], optionally rounded to bf16
      (the graph's type of the intermediate);
    - depthwise: per output row, the window over the buffered rows times w2, + b2, clamp to [lo2,
-     hi2], stored as float32 or bf16; 3-wide windows at stride 1 or 2 on strips of DP_E3Q
+     hi2], stored as float32 or bf16; windows 3, 5 or 7 wide at stride 1 or 2 on strips of DP_ESQ
      outputs that load each input once.
    Weights are float32 (and w1 as bf16 pairs for vdpbf16ps), padded to ``ep`` (whole 16-channel
    groups): w1 [c][ep], b1 [ep], w2 [kh * kw][ep], b2 [ep]. Uses winograd.h's vector types
@@ -46,6 +46,7 @@ typedef struct {
   int64_t oh, ow, kh, kw, sh, sw; /* the depthwise output size, window and strides */
   int64_t ph, pw;                 /* its padding, top and left */
   int mid_bf16, out_bf16;         /* bfloat16 intermediate / output (else float32) */
+  int x_f32;                      /* no expansion (w1 NULL): a float32 input (else bf16) */
   int dot;                        /* (set per call) w1 as bf16 pairs on vdpbf16ps */
   int act1, act2;                 /* 1: clamp to [lo, hi] */
   float lo1, hi1, lo2, hi2;
@@ -190,9 +191,35 @@ void dp_e_group(const dp_egeom* g, const char* x, const void* w, const float* b,
 
 /* input rows [ra, rb) of image img, channels [c0, c0 + cw), expanded into dst (row ra; rows rw
    floats apart, pixel q at (q + pw) * cw) */
+/* no expansion: channels [c0, c0 + cw) of input rows [ra, rb) copied (widened from bf16) into
+   the buffer, the lanes past the channels zeroed */
+static void dp_e_copy(const dp_egeom* g, const void* x, int64_t img, int64_t ra, int64_t rb,
+                      int64_t c0, int64_t cw, float* dst, int64_t rw) {
+  const int64_t real = g->c - c0 < cw ? g->c - c0 : cw, iw = g->iw;
+  for (int64_t r = ra; r < rb; r++) {
+    const int64_t at = ((img * g->ih + r) * iw) * g->c + c0;
+    float* d = dst + (r - ra) * rw + g->pw * cw;
+    for (int64_t q = 0; q < iw; q++, d += cw) {
+      const int64_t src = at + q * g->c;
+      int64_t l = 0;
+      if (g->x_f32)
+        for (; l + DP_WVL <= real; l += DP_WVL) dp_wstore(d + l, dp_wload((const float*)x + src + l));
+      else
+        for (; l + DP_WVL <= real; l += DP_WVL)
+          dp_wstore(d + l, dp_wload_bf16((const uint16_t*)x + src + l));
+      for (; l < real; l++) d[l] = dp_wget(x, !g->x_f32, src + l);
+      for (; l < cw; l++) d[l] = 0.0f;
+    }
+  }
+}
+
 static void dp_e_rows(const dp_egeom* g, const void* x, const void* w1, const float* b1,
                       int64_t img, int64_t ra, int64_t rb, int64_t c0, int64_t cw, float* dst,
                       int64_t rw) {
+  if (!w1) {
+    dp_e_copy(g, x, img, ra, rb, c0, cw, dst, rw);
+    return;
+  }
   const char* xr = (const char*)x + (size_t)((img * g->ih + ra) * g->iw * g->c) * 2;
   const int64_t npix = (rb - ra) * g->iw;
   for (int64_t j = 0; j < cw; j += DP_ENV * DP_WVL) {
@@ -258,69 +285,85 @@ static void dp_e_dw(const dp_egeom* g, float* const* rows, const float* w2, cons
   }
 }
 
-/* 3-wide windows (the common case): DP_E3Q outputs per strip, each input vector of a ring row
-   loaded once and multiplied into every output whose window covers it (3 multiply-adds per
-   load at stride 1, 1.5 at stride 2), DP_E3Q accumulators in flight. Literal indices only, so
-   the accumulators stay in registers. */
-#define DP_E3Q 8
-#define DP_E3_ACC(q, v, wt) if ((q) >= 0 && (q) < DP_E3Q) \
-  a[(q) < 0 ? 0 : (q) >= DP_E3Q ? DP_E3Q - 1 : (q)] += (v) * (wt);
-#define DP_E3_IN(p) { dp_wv v_ = dp_wload(row + (p) * cw); DP_E_REG(v_); \
-  if (s == 1) { DP_E3_ACC(p, v_, w0) DP_E3_ACC((p) - 1, v_, w1) DP_E3_ACC((p) - 2, v_, w2) } \
-  else if ((p) % 2 == 0) { DP_E3_ACC((p) / 2, v_, w0) DP_E3_ACC((p) / 2 - 1, v_, w2) } \
-  else DP_E3_ACC(((p) - 1) / 2, v_, w1) }
+/* windows 3, 5 or 7 wide at stride 1 or 2 (the common cases): strips of DP_ESQ outputs, each
+   input vector of a buffered row loaded once and multiplied into every output whose window
+   covers it (kw multiply-adds per load at stride 1), DP_ESQ accumulators in flight. Literal
+   indices only, so the accumulators stay in registers. */
+#define DP_ESQ 8
+#define DP_ES_ACC(q, v, wt) if ((q) >= 0 && (q) < DP_ESQ) \
+  a[(q) < 0 ? 0 : (q) >= DP_ESQ ? DP_ESQ - 1 : (q)] += (v) * (wt);
+/* input p feeds output (p - t) / s through tap t where that divides */
+#define DP_ES_TAP(p, t, v, wt) if ((t) < kw && (p) >= (t) && ((p) - (t)) % s == 0) \
+  DP_ES_ACC(((p) - (t)) / s, v, wt)
+#define DP_ES_IN(p) if ((p) < (DP_ESQ - 1) * s + kw) { \
+  dp_wv v_ = dp_wload(row + (p) * cw); DP_E_REG(v_); \
+  DP_ES_TAP(p, 0, v_, w0) DP_ES_TAP(p, 1, v_, w1) DP_ES_TAP(p, 2, v_, w2) \
+  DP_ES_TAP(p, 3, v_, w3) DP_ES_TAP(p, 4, v_, w4) DP_ES_TAP(p, 5, v_, w5) \
+  DP_ES_TAP(p, 6, v_, w6) }
 
 /* output q of a strip: clamped, stored as float32 or bf16 (a partial vector lane by lane) */
-#define DP_E3_PUT(q) if (x0 + (q) < ow) { \
+#define DP_ES_PUT(q) if (x0 + (q) < ow) { \
   const dp_wv v_ = dp_e_clamp(a[q], act, lo, hi); \
   const int64_t at_ = base + (x0 + (q)) * e; \
   if (full) { if (obf) dp_wstore_bf16((uint16_t*)out + at_, v_); \
               else dp_wstore((float*)out + at_, v_); } \
   else for (int64_t l = 0; l < lanes; l++) dp_wput(out, obf, at_ + l, v_[l]); }
 
-/* DP_E3Q outputs from x0 of one vector of channels: rows[i] + off is the strip's first input
-   of window row i; base: the output's first element (x0 = 0) */
+/* DP_ESQ outputs from x0 of one vector of channels, a kw-wide window at stride s (both
+   constants where inlined): rows[i] + off is the strip's first input of window row i; base:
+   the output's first element (x0 = 0) */
 static inline __attribute__((always_inline))
-void dp_e_strip3(float* const* rows, int64_t off, int64_t kh, const float* w, int64_t ep,
-                 dp_wv bias, int64_t cw, const int s, int64_t x0, int64_t ow, int64_t e,
-                 int64_t base, int64_t lanes, int act, float lo, float hi, int obf, void* out) {
-  dp_wv a[DP_E3Q] = {bias, bias, bias, bias, bias, bias, bias, bias};
+void dp_e_strip(float* const* rows, int64_t off, int64_t kh, const float* w, int64_t ep,
+                dp_wv bias, int64_t cw, const int kw, const int s, int64_t x0, int64_t ow,
+                int64_t e, int64_t base, int64_t lanes, int act, float lo, float hi, int obf,
+                void* out) {
+  const dp_wv z = {0};
+  dp_wv a[DP_ESQ] = {bias, bias, bias, bias, bias, bias, bias, bias};
   for (int64_t i = 0; i < kh; i++) {
     const float* row = rows[i] + off;
-    const dp_wv w0 = dp_wload(w + 3 * i * ep), w1 = dp_wload(w + (3 * i + 1) * ep);
-    const dp_wv w2 = dp_wload(w + (3 * i + 2) * ep);
-    DP_E3_IN(0) DP_E3_IN(1) DP_E3_IN(2) DP_E3_IN(3) DP_E3_IN(4) DP_E3_IN(5) DP_E3_IN(6)
-    DP_E3_IN(7) DP_E3_IN(8) DP_E3_IN(9)
-    if (s == 2) {
-      DP_E3_IN(10) DP_E3_IN(11) DP_E3_IN(12) DP_E3_IN(13) DP_E3_IN(14) DP_E3_IN(15)
-      DP_E3_IN(16)
-    }
+    const float* wi = w + kw * i * ep;
+    const dp_wv w0 = dp_wload(wi), w1 = dp_wload(wi + ep), w2 = dp_wload(wi + 2 * ep);
+    const dp_wv w3 = kw > 3 ? dp_wload(wi + 3 * ep) : z, w4 = kw > 4 ? dp_wload(wi + 4 * ep) : z;
+    const dp_wv w5 = kw > 5 ? dp_wload(wi + 5 * ep) : z, w6 = kw > 6 ? dp_wload(wi + 6 * ep) : z;
+    DP_ES_IN(0) DP_ES_IN(1) DP_ES_IN(2) DP_ES_IN(3) DP_ES_IN(4) DP_ES_IN(5) DP_ES_IN(6)
+    DP_ES_IN(7) DP_ES_IN(8) DP_ES_IN(9) DP_ES_IN(10) DP_ES_IN(11) DP_ES_IN(12) DP_ES_IN(13)
+    DP_ES_IN(14) DP_ES_IN(15) DP_ES_IN(16) DP_ES_IN(17) DP_ES_IN(18) DP_ES_IN(19)
+    DP_ES_IN(20)
   }
   const int full = lanes >= DP_WVL;
-  DP_E3_PUT(0) DP_E3_PUT(1) DP_E3_PUT(2) DP_E3_PUT(3) DP_E3_PUT(4) DP_E3_PUT(5) DP_E3_PUT(6)
-  DP_E3_PUT(7)
+  DP_ES_PUT(0) DP_ES_PUT(1) DP_ES_PUT(2) DP_ES_PUT(3) DP_ES_PUT(4) DP_ES_PUT(5) DP_ES_PUT(6)
+  DP_ES_PUT(7)
 }
 
-/* dp_e_dw for kw = 3 at stride 1 or 2 */
-static void dp_e_dw3(const dp_egeom* g, float* const* rows, const float* w2, const float* b2,
+#define DP_ES_CALL(kw, s) dp_e_strip(rows, (s) * x0 * cw + j, kh, w2 + c0 + j, ep, bias, cw, kw, \
+                                     s, x0, ow, e, base + j, real - j, act, lo, hi, obf, out)
+
+/* dp_e_dw for windows 3, 5 or 7 wide at stride 1 or 2 (dp_e_strips) */
+static void dp_e_dws(const dp_egeom* g, float* const* rows, const float* w2, const float* b2,
                      int64_t img, int64_t y, int64_t c0, int64_t cw, void* out) {
   const int64_t real = g->e - c0 < cw ? g->e - c0 : cw;  /* the block's channels */
   const int64_t ow = g->ow, kh = g->kh, ep = g->ep, e = g->e;
-  const int act = g->act2, obf = g->out_bf16;
+  const int act = g->act2, obf = g->out_bf16, code = (int)(g->kw * 2 + g->sw);
   const float lo = g->lo2, hi = g->hi2;
   const int64_t base = (img * g->oh + y) * ow * e + c0;
-  for (int64_t x0 = 0; x0 < ow; x0 += DP_E3Q) {
+  for (int64_t x0 = 0; x0 < ow; x0 += DP_ESQ) {
     for (int64_t j = 0; j < cw && j < real; j += DP_WVL) {
       const dp_wv bias = dp_wload(b2 + c0 + j);
-      const int64_t lanes = real - j;
-      if (g->sw == 1)
-        dp_e_strip3(rows, x0 * cw + j, kh, w2 + c0 + j, ep, bias, cw, 1, x0, ow, e, base + j,
-                    lanes, act, lo, hi, obf, out);
-      else
-        dp_e_strip3(rows, 2 * x0 * cw + j, kh, w2 + c0 + j, ep, bias, cw, 2, x0, ow, e,
-                    base + j, lanes, act, lo, hi, obf, out);
+      switch (code) {
+        case 7: DP_ES_CALL(3, 1); break;
+        case 8: DP_ES_CALL(3, 2); break;
+        case 11: DP_ES_CALL(5, 1); break;
+        case 12: DP_ES_CALL(5, 2); break;
+        case 15: DP_ES_CALL(7, 1); break;
+        default: DP_ES_CALL(7, 2); break;
+      }
     }
   }
+}
+
+/* whether dp_e_dws takes the window */
+static inline int dp_e_strips(const dp_egeom* g) {
+  return (g->kw == 3 || g->kw == 5 || g->kw == 7) && (g->sw == 1 || g->sw == 2);
 }
 
 /* one task: image img, channels [c0, c0 + cw), output rows [y0, y1). buf: rows of rw floats
@@ -361,14 +404,14 @@ static void dp_e_task(const dp_egeom* g, const void* x, const void* w1, const fl
       const int64_t r = top + i;
       rows[i] = r < 0 || r >= g->ih ? zero : buf + (whole ? r - top0 : r % g->kh) * rw;
     }
-    if (g->kw == 3 && g->sw <= 2) dp_e_dw3(g, rows, w2, b2, img, y, c0, cw, out);
+    if (dp_e_strips(g)) dp_e_dws(g, rows, w2, b2, img, y, c0, cw, out);
     else dp_e_dw(g, rows, w2, b2, img, y, c0, cw, out);
   }
 }
 
-/* channel block width and row bands for t threads: the fewest rounds of tasks, counting the
-   rows a band expands twice (its halo); blocks narrower than the channels cost a tenth more
-   where two tasks would store into one cache line of an output pixel */
+/* channel block width and row bands for t threads: the least time over the rounds of tasks,
+   counting the rows a band expands twice (its halo), narrow blocks' less efficient tiles and
+   the strided access of a channel split */
 static void dp_e_split(const dp_egeom* g, int t, int64_t* cw, int64_t* bands) {
   double best = -1;
   const int64_t widths[] = {g->ep <= 192 ? g->ep : 64, 64, 48, 32, 16};
@@ -376,12 +419,19 @@ static void dp_e_split(const dp_egeom* g, int t, int64_t* cw, int64_t* bands) {
     const int64_t w = widths[wi];
     if (w % DP_WVL || (w > 16 && g->ep % w)) continue;
     const int64_t blocks = (g->ep + w - 1) / w;
-    const int shared = blocks > 1 && w * (g->out_bf16 ? 2 : 4) % 64;
+    /* a split of the channels reads and writes part of every pixel's lines (strided, a
+       tenth slower), two tasks sharing a line where the block's bytes are not whole lines */
+    const double split = blocks == 1 ? 1.0 : w * (g->out_bf16 ? 2 : 4) % 64 ? 1.2 : 1.1;
     for (int64_t nb = 1; nb <= g->oh; nb++) {
       const int64_t band = (g->oh + nb - 1) / nb, tasks = g->n * blocks * nb;
       const int64_t in_rows = (band - 1) * g->sh + g->kh;
-      const double cost = (double)((tasks + t - 1) / t) * w * (shared ? 1.1 : 1.0) *
-                          ((double)in_rows * g->iw * (g->c + 4) + (double)band * g->ow * g->kh * g->kw);
+      /* vector operations: a tile's k step broadcasts one input per group of DP_ENV vectors
+         and multiplies it into each; the depthwise outputs take kh * kw each */
+      const double vecs = (double)w / DP_WVL;
+      const double groups = (double)((w + DP_ENV * DP_WVL - 1) / (DP_ENV * DP_WVL));
+      const double cost = (double)((tasks + t - 1) / t) * split *
+          ((double)in_rows * g->iw * (g->c * (vecs + groups) + 4 * vecs) +
+           (double)band * g->ow * (g->kh * g->kw + 2) * vecs);
       if (best < 0 || cost < best) { best = cost; *cw = w; *bands = nb; }
       if (tasks >= 4 * t) break;
     }
@@ -389,7 +439,8 @@ static void dp_e_split(const dp_egeom* g, int t, int64_t* cw, int64_t* bands) {
 }
 
 /* w1: float32 [c][ep]; w1p: the same as bf16 pairs [c/2][ep][2] (a bf16 input of even c whose
-   weights are bf16 numbers) or NULL: used where compiled for vdpbf16ps */
+   weights are bf16 numbers) or NULL: used where compiled for vdpbf16ps. w1 NULL: no expansion
+   (a depthwise convolution alone; c = e, x float32 or bf16 by x_f32) */
 __attribute__((noinline, noclone))
 static void dp_expand_dw(const dp_egeom* geom, const void* x, const float* w1,
                          const uint16_t* w1p, const float* b1, const float* w2, const float* b2,
@@ -401,7 +452,7 @@ static void dp_expand_dw(const dp_egeom* geom, const void* x, const float* w1,
 #else
   gd.dot = 0;
 #endif
-  const void* w = gd.dot ? (const void*)w1p : (const void*)w1;
+  const void* w = gd.dot ? (const void*)w1p : (const void*)w1;  /* NULL: no expansion */
   if (g->kh > 64) return;
 #ifdef _OPENMP
   const int t = omp_get_max_threads();
@@ -413,7 +464,7 @@ static void dp_expand_dw(const dp_egeom* geom, const void* x, const float* w1,
   const int64_t blocks = (g->ep + cw - 1) / cw, band = (g->oh + nb - 1) / nb;
   const int64_t right = (g->ow - 1) * g->sw + g->kw - g->pw - g->iw;
   int64_t cols = g->pw + g->iw + (right > 0 ? right : 0);
-  const int64_t strips = (g->ow + DP_E3Q - 1) / DP_E3Q * DP_E3Q * g->sw + g->kw;
+  const int64_t strips = (g->ow + DP_ESQ - 1) / DP_ESQ * DP_ESQ * g->sw + g->kw;
   cols = cols > strips ? cols : strips;  /* (a strip's tail reads zero columns) */
   const int64_t rw = cols * cw;
   /* a band's input rows at once where they take at most DP_EBYTES, else a ring of kh rows */

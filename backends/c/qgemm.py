@@ -124,7 +124,8 @@ def pack_kernel(k, step: dict, plan, target_path: str):
         packed = pack_winograd(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]])
     elif st.spec.algo == "expand_dw":
         path = "expand-dw"
-        packed = pack_expand_dw(st.spec, *[plan.constants[v] for v in step["inputs"][1:5]])
+        consts = [plan.constants[v] for v in step["inputs"][1:5 if st.spec.expand else 3]]
+        packed = pack_expand_dw(st.spec, *([None, None] if not st.spec.expand else []), *consts)
     elif st.spec.kind == "bf16":
         # k padded to AMX tile rows only where AMX runs it: the vdpbf16ps kernels read a 1 x 1
         # convolution's input in place only while k is the channel count (MobileNetV2's 144

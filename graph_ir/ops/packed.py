@@ -118,11 +118,13 @@ def _dw_attrs(attrs, channels: int) -> dict:
 def _expand_dw_shape(ins, attrs):
     from ..types import TensorType
     x, w1, w2 = ins[0], ins[1], ins[3]
-    if len(x.shape) != 4 or len(w1.shape) != 4 or tuple(w1.shape[:2]) != (1, 1) or \
-            w1.shape[2] != x.shape[-1]:
+    if len(x.shape) != 4:
+        raise ValueError(f"ExpandDepthwise: the input {list(x.shape)} must be NHWC")
+    if w1 is not None and (len(w1.shape) != 4 or tuple(w1.shape[:2]) != (1, 1) or
+                           w1.shape[2] != x.shape[-1]):
         raise ValueError(f"ExpandDepthwise: w1 {list(w1.shape)} must be a 1 x 1 HWIO weight "
                          f"over the input's {x.shape[-1]} channels")
-    e = w1.shape[3]
+    e = x.shape[-1] if w1 is None else w1.shape[3]
     if len(w2.shape) != 4 or w2.shape[2] != 1 or w2.shape[3] != e:
         raise ValueError(f"ExpandDepthwise: w2 {list(w2.shape)} must be a depthwise HWIO weight "
                          f"[kh, kw, 1, {e}]")
@@ -146,9 +148,10 @@ def _clip(v: np.ndarray, act: str, lo: float, hi: float) -> np.ndarray:
 
 
 def _expand_dw_ref(ins, attrs):
-    x, w1, b1, w2, b2 = (np.asarray(a).astype(np.float32) for a in ins)
-    e = w1.shape[3]
-    mid = _clip(x @ w1.reshape(w1.shape[2], e) + b1, attrs["act1"], attrs["lo1"], attrs["hi1"])
+    x, w1, b1, w2, b2 = (None if a is None else np.asarray(a).astype(np.float32) for a in ins)
+    e = w2.shape[3]
+    mid = x if w1 is None else _clip(x @ w1.reshape(w1.shape[2], e) + b1, attrs["act1"],
+                                     attrs["lo1"], attrs["hi1"])
     if attrs["mid"] == "bfloat16":
         mid = mid.astype(DType.bfloat16.np).astype(np.float32)
     (acc,) = Conv.reference([mid.astype(np.float32), w2], _dw_attrs(attrs, e))
@@ -163,4 +166,5 @@ ExpandDepthwise = define(
     doc="y = act2(depthwise_conv(act1(x @ w1 + b1), w2) + b2), channels-last: a 1 x 1 "
         "convolution of constant HWIO w1 [1, 1, c, e] and its depthwise convolution (constant "
         "w2 [kh, kw, 1, e], strides, pads), the intermediate (float32, or rounded to bf16: mid) "
-        "never stored; act: none or clip to [lo, hi]; out: float32 or bfloat16.")
+        "never stored; act: none or clip to [lo, hi]; out: float32 or bfloat16. Without w1 and "
+        "b1 (None): the depthwise convolution of x alone.")

@@ -23,6 +23,10 @@ Before: ``%e = Min(Max(Conv(%x, %w1, %b1), 0), 6); %y = Min(Max(Conv(%e, %w2, %b
 0), 6)``. After: ``%y = ExpandDepthwise(%x, %w1, %b1, %w2, %b2) {act1=clip, lo1=0, hi1=6,
 act2=clip, lo2=0, hi2=6}``.
 
+Under bf16, a 3 x 3 depthwise convolution no expansion precedes (MobileNetV2's first block)
+takes the same kernel without the expansion from 56 x 56 outputs at stride 1
+(``depthwise_alone``).
+
 Measured on MobileNetV2 (docs/benchmarks.md): on 2 Zen 4 cores (AVX512-BF16) the bf16 build
 ran 20% faster. Left alone: float32 builds (there the fused kernel's float32 expansion ran no
 faster than the GEMM loops it replaced and the whole model took longer, 4.3 against 3.6 ms) and
@@ -41,6 +45,15 @@ from .packed import F32, fuses_expansions
 from .rewrite import Rewriter, rewrite
 
 BF16 = DType.bfloat16
+MAX_WINDOW = 64  # window rows the kernel takes (its row pointers)
+# a 3 x 3 depthwise convolution alone takes the kernel at stride 1 from 56 x 56 outputs: it
+# copies its input rows into the buffer first, which the float32 loops, reading the input in
+# place, do not (MobileNetV2 on 2 Zen 4 cores: 112 x 112 x 32 0.099 -> 0.072 ms, 56 x 56 x 144
+# 0.098 -> 0.081; at stride 2, on 28 x 28 and smaller maps and for ConvNeXt's 7 x 7 windows,
+# 49 multiply-adds per output that the loops already run near the FMA peak, the loops were
+# as fast or faster; on the 16-core Sapphire Rapids at 16 threads the loops were faster too,
+# 0.131 against under 0.04 ms, which the pass's gate keeps it off)
+ALONE_MIN_POSITIONS = 56 * 56
 
 
 def _bound(node: Node, rw: Rewriter) -> tuple[str, float] | None:
@@ -105,7 +118,7 @@ def _depthwise(node: Node, rw: Rewriter) -> bool:
 
 def fuse_expansion(node: Node, rw: Rewriter) -> Value | None:
     """A depthwise ``Conv`` and the expansion + clamps before it -> ``ExpandDepthwise``."""
-    if not _depthwise(node, rw):
+    if not _depthwise(node, rw) or node.inputs[1].shape[0] > MAX_WINDOW:
         return None
     v, mid = node.inputs[0], DType.float32
     cast = rw.prod(v, "Cast")
@@ -142,6 +155,24 @@ def fuse_expansion(node: Node, rw: Rewriter) -> Value | None:
                    mid=mid.name, out="float32", **act1)
 
 
+def depthwise_alone(node: Node, rw: Rewriter) -> Value | None:
+    """A 3 x 3 depthwise ``Conv`` no expansion joins, at stride 1 from ``ALONE_MIN_POSITIONS``
+    outputs -> ``ExpandDepthwise`` without one (the same kernel: rows copied into its buffer,
+    then the strips of outputs)."""
+    a, (_, oh, ow, _) = node.attrs, node.outputs[0].shape
+    if not _depthwise(node, rw) or tuple(node.inputs[1].shape[:2]) != (3, 3) or \
+            tuple(a["strides"]) != (1, 1) or oh * ow < ALONE_MIN_POSITIONS:
+        return None
+    b2 = rw.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None \
+        else np.zeros(a["group"])
+    if b2 is None:
+        return None
+    bv2 = rw.new_const(np.asarray(b2, np.float32).reshape(-1), node.name + "_bias32", F32)
+    return rw.emit("ExpandDepthwise", [node.inputs[0], None, None, node.inputs[1], bv2],
+                   node.name, strides=a["strides"], pads=a["pads"], dilations=a["dilations"],
+                   out="float32")
+
+
 def _fused(rw: Rewriter, v: Value) -> Node | None:
     n = rw.prod(v, "ExpandDepthwise")
     return n if n is not None and rw.single_use(v) else None
@@ -170,14 +201,15 @@ def narrow_output(node: Node, rw: Rewriter) -> Value | None:
     return rw.emit("ExpandDepthwise", list(p.inputs), p.name, **dict(p.attrs, out="bfloat16"))
 
 
-RULES = [("Conv", fuse_expansion), ("Relu", clamp_output), ("Max", clamp_output),
-         ("Min", clamp_output), ("Cast", narrow_output)]
+EPILOGUE = [("Relu", clamp_output), ("Max", clamp_output), ("Min", clamp_output),
+            ("Cast", narrow_output)]
 
 
-def expand_dw(g, target=None):
-    """Fused expansion + depthwise convolutions (see the module docstring) on CPU targets with
-    bf16 dot products and no AMX (``packed.fuses_expansions``)."""
-    if not fuses_expansions(target):
+def expand_dw(g, target=None, dtype=None):
+    """Under ``--dtype bf16`` (``dtype``) on CPU targets with bf16 dot products and no AMX
+    (``packed.fuses_expansions``): fused expansion + depthwise convolutions (see the module
+    docstring), and the large 3 x 3 depthwise convolutions left in the same kernel."""
+    if dtype is not BF16 or not fuses_expansions(target):
         return g
-    g, fired = rewrite(g, RULES)
+    g, fired = rewrite(g, [("Conv", fuse_expansion), ("Conv", depthwise_alone)] + EPILOGUE)
     return dce(g) if fired else g

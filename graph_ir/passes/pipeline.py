@@ -43,7 +43,8 @@ PIPELINE = [
     ("expand_dw", expand_dw),  # 1x1 expansion + clamp + depthwise conv -> one kernel (CPU)
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
-PASS_OPTIONS = {"precision": ("dtype", "keep_fp32", "calibration")}  # pass -> compile options it takes
+PASS_OPTIONS = {"precision": ("dtype", "keep_fp32", "calibration"),  # pass -> compile options
+                "expand_dw": ("dtype",)}
 
 
 def run_pipeline(g: Graph, target, dump: Path | None = None,

@@ -14,5 +14,6 @@ from .registry import LowerCtx, lowering
 def lower_qgemm(ctx: LowerCtx) -> list[Stage]:
     out = ctx.out
     return [QGemmStage(out.name, domain_vars(out.shape), tuple(out.shape), Const(0, out.dtype),
-                       spec=qgemm_spec(ctx), weights=tuple(b.name for b in ctx.ins[1:]),
+                       spec=qgemm_spec(ctx),
+                       weights=tuple(b.name for b in ctx.ins[1:] if b is not None),
                        x=ctx.ins[0].name)]
