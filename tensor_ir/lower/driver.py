@@ -22,6 +22,8 @@ def lower_node(node: Node, name: str, consts: dict[int, np.ndarray]) -> Kernel:
     stages = fn(ctx)
     algo = node.attrs.get("algo", "gemm")  # (a PackedConv's: "winograd F(4x4)" in the note)
     how = f" winograd F({node.attrs['tile']}x{node.attrs['tile']})" if algo == "winograd" else ""
+    if node.op.name == "ExpandDepthwise" and node.inputs[1] is None:
+        how = " (no expansion)"
     return Kernel(name, [b for b in ins if b is not None], outs, ctx.temps, stages,
                   note=f"{node.op.name}{how} {node.name}")
 
