@@ -207,3 +207,18 @@ def test_depthwise_alone(k, c, hw, act, taken):
                        inits)
     assert _fused(deploy.compile(small, target=TARGET, dtype="bf16")) == 0  # (the loops)
     assert _fused(deploy.compile(model, target=TARGET)) == 0  # (float32 builds: the loops)
+
+
+def test_random_geometries(monkeypatch):
+    """Eight seeded random blocks: channels 1-40 widened 1-6x, maps 5-30, windows 3 / 5 / 7,
+    strides 1-2, asymmetric pads, batch 1-2."""
+    rng = np.random.default_rng(5)
+    for _ in range(8):
+        c = int(rng.integers(1, 41))
+        e = int(c * rng.integers(1, 7))
+        k = int(rng.choice([3, 5, 7]))
+        hw = tuple(int(v) for v in rng.integers(max(5, k), 31, 2))
+        pads = tuple(int(v) for v in rng.integers(0, k, 4))
+        model, feed = _block(c, e, hw, k=k, stride=int(rng.integers(1, 3)), pads=pads,
+                             batch=int(rng.integers(1, 3)))
+        _check(model, feed, monkeypatch)
