@@ -101,7 +101,9 @@ def _check(model, feed, monkeypatch, target=TARGET, expect=1):
     (8, 40, (9, 9), 1, (1, 1, 1, 1), 1),  # 40 channels: a partial vector of them
     (7, 42, (10, 6), 2, (1, 1, 1, 1), 3),  # odd input channels: float32 products
     (32, 192, (7, 7), 1, (1, 1, 1, 1), 1),  # rows shorter than a strip of outputs
-    (64, 384, (30, 30), 1, (1, 1, 1, 1), 1),  # a ring of rows (a band's rows past DP_EBYTES)
+    (64, 384, (30, 30), 1, (1, 1, 1, 1), 1),  # blocks of 64 of 384 channels
+    (16, 96, (64, 60), 1, (1, 1, 1, 1), 1),  # a ring of kh rows (a band's rows past DP_EBYTES)
+    (24, 144, (70, 66), 2, (0, 0, 1, 1), 2),  # ... at stride 2
 ])
 def test_inverted_residual(c, e, hw, stride, pads, batch, monkeypatch):
     model, feed = _block(c, e, hw, stride=stride, pads=pads, batch=batch,
