@@ -149,13 +149,17 @@ def inline(kernel: Kernel) -> Kernel:
         for k, stage in enumerate(kernel.stages):
             if not _inlinable(kernel, k, stage):
                 continue
-            kernel = _inline_one(kernel, k, stage)
+            kernel = inline_stage(kernel, k)
             changed = True
             break
     return kernel
 
 
-def _inline_one(kernel: Kernel, k: int, stage: Stage) -> Kernel:
+def inline_stage(kernel: Kernel, k: int) -> Kernel:
+    """``kernel`` with stage ``k`` substituted into every read of what it writes, and gone
+    (with its temporary)."""
+    stage = kernel.stages[k]
+
     def fn(e):
         if isinstance(e, Load) and e.buf == stage.out:
             return substitute(stage.body, dict(zip(stage.vars, e.index)))

@@ -280,7 +280,7 @@ def _vars_in(e: Expr) -> set:
     return {x for x in walk(e) if isinstance(x, Var)}
 
 
-def _padded_copy(stage: Stage) -> bool:
+def padded_copy(stage: Stage) -> bool:
     """``out[p] = cond ? x[f(p)] : 0``: a zero-padded copy (a convolution's padded input)."""
     body = stage.body.x if isinstance(stage.body, Cast) else stage.body
     return stage.store_index is None and isinstance(body, Select) and operand_ok(body)
@@ -521,7 +521,7 @@ def _by_rules(stage: Stage, mr: int, nr: int, vector_bits: int,
         if sched is not None:
             break
     else:
-        return rule_generic(stage, PARALLEL_MIN_COPY if _padded_copy(stage) else
+        return rule_generic(stage, PARALLEL_MIN_COPY if padded_copy(stage) else
                             PARALLEL_MIN_ROWS_WORK if rows else PARALLEL_MIN_WORK)
     g = sched.gemm
     if g is not None and vector_bits == 512 and stage.vars[g.j] not in _vars_in(g.a):

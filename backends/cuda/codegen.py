@@ -23,8 +23,9 @@ class CudaCodegen:
 
     def prepare(self, k: Kernel, constants: dict | None) -> Kernel:
         """Stages folded into their readers, as for Triton, but attention left as plain stages
-        (the CUDA C templates have no fused attention)."""
-        return fuse_stages(k, None, attention=False)
+        (the CUDA C templates have no fused attention) and zero-padded copies kept (their GEMM
+        was not measured reading the input in place)."""
+        return fuse_stages(k, None, attention=False, pads=False)
 
     def render(self, k: Kernel, tuned: dict | None) -> list[GpuFunction]:
         return self.renderer.kernel(k, tuned)

@@ -5,6 +5,12 @@ One program per (o, block of BM queries); a loop over key blocks of BN with the 
 (running max ``m`` and sum ``l`` in fp32, ``acc`` rescaled by ``exp(m_old-m_new)``), ``tl.dot``
 for ``q k^T`` and ``p v``; the score matrix never reaches memory. With a causal spec each
 program stops at its diagonal: the blocks past it contribute exactly 0.
+
+Blocks (``attention_config``), measured on an H100 (fp16, batch 32, each kernel alone in a
+CUDA graph of 50 launches): with heads of 64, key blocks of 32 rather than 64 took BERT-base's
+attention (128 x 128, additive mask) from 17.8 to 10.6 us, ViT-base's (197 x 197) from 38.2 to
+30.2 us and GPT-2's (causal 128) from 11.4 to 10.5 us; over 128 keys or fewer, 2 pipeline
+stages beat 3 (BERT-base 10.6 against 11.1 us).
 """
 from __future__ import annotations
 
@@ -49,24 +55,27 @@ class AttentionConfig(LaunchConfig):
 
 def attention_config(sq: int, sk: int, dk: int, dv: int, half: bool, target=None,
                      rows: int = 1) -> AttentionConfig:
-    """Default tiles: 128x64 (half) or 64x64 (fp32) query x key blocks, shrunk to the problem
-    (``tl.dot`` needs 16) and, while the ``rows`` (batch x heads) times the query blocks leave
-    multiprocessors idle, halved down to 16 queries; pipeline depth what the K and V tiles leave
-    of shared memory."""
+    """Default tiles: 128x64 (half) or 64x64 (fp32) query x key blocks (128x32 for half heads
+    of 64 on NVIDIA GPUs), shrunk to the problem (``tl.dot`` needs 16) and, while the ``rows``
+    (batch x heads) times the query blocks leave multiprocessors idle, halved down to 16
+    queries; pipeline depth what the K and V tiles leave of shared memory, 2 at most over 128
+    keys or fewer (module doc)."""
     bd, bdv = max(16, pow2(dk)), max(16, pow2(dv))
     bm = max(16, min(128 if half else 64, pow2(sq)))
     sms = getattr(target, "sm_count", 0) or 0
     while bm > 16 and rows * -(-sq // bm) < sms:
         bm //= 2
+    amd = getattr(target, "vendor", "nvidia") == "amd"
     bn = max(16, min(64 if max(bd, bdv) <= 128 else 32, pow2(sk)))
-    if not half and max(bd, bdv) > 64:
-        bn = min(bn, 32)
+    if max(bd, bdv) > 64 and not half or max(bd, bdv) <= 64 and half and not amd:
+        bn = min(bn, 32)  # heads of 64 in fp16 on an H100: 128 x 32 blocks (module doc)
     warps = 8 if half and bm >= 128 and max(bd, bdv) >= 128 else 4
     elt = 2 if half else 4
     per_stage = bn * (bd + bdv) * elt
     shared = getattr(target, "shared_mem_per_block", 0) or DEFAULT_SHARED
-    amd = getattr(target, "vendor", "nvidia") == "amd"
     stages = 1 if amd else max(1, min(3, (shared - bm * bd * elt) // per_stage))
+    if half and sk <= 128:
+        stages = min(stages, 2)  # four key blocks or fewer: a third buffer only adds latency
     return AttentionConfig(num_warps=warps, num_stages=stages, bm=bm, bn=bn, bd=bd, bdv=bdv)
 
 

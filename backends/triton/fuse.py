@@ -7,18 +7,30 @@ only at its own point, so the value never goes through device memory and one lau
 (the CPU backend keeps these stages apart: its contraction schedule accumulates in place). A
 producer is folded only into the stage right after it, when no later stage reads what it wrote
 (unless that next stage overwrites it in place) and no view aliases it.
+
+A convolution's zero-padded input copy (``xp[p] = inside(p) ? x[p - pad] : 0``) is first
+substituted into the GEMMs that read it (``inline_pads``): the implicit GEMM then loads its
+operand tiles from the input itself, masked at the border, instead of a launch writing and a
+second one reading a padded copy of the whole activation. (The CPU backend keeps the copy: its
+register tile would test the border once per multiply-add; a GPU tile tests each operand
+element once per ``BN`` of them.)
 """
 from __future__ import annotations
 
 from ...tensor_ir.expr import Load, Reduce, Var, substitute, transform, walk
+from ...tensor_ir.fuse import inline_stage
 from ...tensor_ir.kernel import Kernel, Stage
+from ...tensor_ir.schedule import padded_copy
 from .attention import fuse_attention
 
 
-def fuse_stages(kernel: Kernel, constants: dict | None = None, attention: bool = True) -> Kernel:
+def fuse_stages(kernel: Kernel, constants: dict | None = None, attention: bool = True,
+                pads: bool = True) -> Kernel:
     """Fold stages pairwise, then (``attention``) replace attention runs by one fused stage
     (attention.py; ``constants``: kernel input name -> value, which lets it prove a mask
-    causal)."""
+    causal). ``pads``: read zero-padded copies in place from the GEMMs first."""
+    if pads:
+        kernel = inline_pads(kernel)
     stages = list(kernel.stages)
     k = 0
     while k + 1 < len(stages):
@@ -34,6 +46,33 @@ def fuse_stages(kernel: Kernel, constants: dict | None = None, attention: bool =
     fused = Kernel(kernel.name, kernel.inputs, kernel.outputs, temps, stages, kernel.note,
                    kernel.aliases)
     return fuse_attention(fused, constants) if attention else fused
+
+
+def inline_pads(kernel: Kernel) -> Kernel:
+    """Substitute each zero-padded copy that only GEMM stages read into them (module doc)."""
+    from .render import contraction_of  # (render imports this module's neighbours)
+    k = 0
+    while k < len(kernel.stages):
+        st = kernel.stages[k]
+        readers = [j for j, s in enumerate(kernel.stages) if j != k and _reads(s, st.out)]
+        if not (_private_temp(kernel, st) and padded_copy(st) and readers
+                and all(type(kernel.stages[j]) is Stage for j in readers)):
+            k += 1
+            continue
+        inlined = inline_stage(kernel, k)
+        moved = [j - (j > k) for j in readers]
+        if all(contraction_of(inlined.stages[j]) is not None for j in moved):
+            kernel = inlined
+        else:
+            k += 1
+    return kernel
+
+
+def _private_temp(kernel: Kernel, st: Stage) -> bool:
+    """``st`` is a plain stage, the only writer of a temporary no view aliases."""
+    return (type(st) is Stage and st.out in {t.name for t in kernel.temps}
+            and sum(1 for s in kernel.stages if s.out == st.out) == 1
+            and not any(base == st.out or view.name == st.out for view, base in kernel.aliases))
 
 
 def _merge(kernel: Kernel, stages: list[Stage], k: int) -> Stage | None:
