@@ -43,6 +43,7 @@ from ...tensor_ir.kernel import Kernel, Stage
 from ...tensor_ir.qgemm import QGemmStage
 from ...tensor_ir.schedule import injective_store, operand_ok
 from ..device_code import GpuFunction as TritonFunction
+from ..gpu_operands import Direct, direct
 from .attention import AttentionStage, render_attention
 from .config import (
     GemmConfig,
@@ -154,7 +155,8 @@ class StageRenderer:
             cfg = gemm_config(hint(contraction.m), hint(contraction.n), hint(contraction.k),
                               self.parent.target, contraction.half, tf32=self.parent.allow_tf32,
                               batch=hint(_numel([st.extents[k] for k in contraction.outer])),
-                              tuned=self.tuned, heavy_epilogue=heavy_epilogue(st))
+                              tuned=self.tuned, heavy_epilogue=heavy_epilogue(st),
+                              plain=self._matrices(st, contraction) is not None)
             if cfg is not None and contraction.fp8 and not self.tuned:
                 cfg = fp8_gemm_config(cfg, hint(contraction.k), self.parent.target)
             if cfg is not None:
@@ -348,6 +350,9 @@ class StageRenderer:
 
     # ---- GEMM ----------------------------------------------------------------------------------
     def gemm(self, st: Stage, c: Contraction, cfg: GemmConfig) -> TritonFunction:
+        matrices = self._matrices(st, c)
+        if cfg.tma and matrices is not None and not self.wide and not c.fp8:
+            return self._gemm_tma(st, c, cfg, *matrices)
         em = self.em
         em.param(st.out)
         pm, pn = cdiv(c.m, cfg.bm), cdiv(c.n, cfg.bn)
@@ -396,7 +401,7 @@ class StageRenderer:
         epi = transform(st.body, lambda e: Var("acc", c.red.dtype) if e == c.red else None)
         consts = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk}
         meta = {"m": c.m, "n": c.n, "k": c.k, "half": c.half, "fp8": c.fp8, "batch": outer,
-                "heavy": heavy_epilogue(st)}
+                "heavy": heavy_epilogue(st), "plain": matrices is not None}
         if split > 1:
             return self._split_partial(st, epi, split, tiles * outer * split, cfg, consts, meta)
         em.env[Var("acc", c.red.dtype)] = "acc"
@@ -406,6 +411,69 @@ class StageRenderer:
         value = em.stored(epi, guard, self.refs[st.out].dtype)
         self._store(st, value, guard, None)
         return self._function("gemm", consts, (tiles * outer,), cfg, meta)
+
+    def _matrices(self, st: Stage, c: Contraction) -> tuple[Direct, Direct] | None:
+        """Both operands as matrices read in place (``gpu_operands.direct``), sizes fixed and
+        one GEMM per launch, or None."""
+        if c.outer or not all(isinstance(x, int) for x in (c.m, c.n, c.k)):
+            return None
+        rvars, rext = [v for v, _ in c.red.vars], [e for _, e in c.red.vars]
+        ops = [direct(op, [st.vars[k] for k in rows], [st.extents[k] for k in rows], rvars, rext,
+                      [], extent, c.k, self.refs)
+               for op, rows, extent in ((c.a, c.mvars, c.m), (c.b, c.nvars, c.n))]
+        return None if None in ops else (ops[0], ops[1])
+
+    def _gemm_tma(self, st: Stage, c: Contraction, cfg: GemmConfig, a: Direct, b: Direct
+                  ) -> TritonFunction:
+        """Persistent tiles (one program per multiprocessor, walking the tiles in the grouped
+        order) whose operand tiles come through TMA descriptors: the copy engine zero-fills
+        past the matrices' edges, so the K loop has no masks and no index arithmetic."""
+        em = self.em
+        em.param(st.out)
+        pm, pn = cdiv(c.m, cfg.bm), cdiv(c.n, cfg.bn)
+        tiles = pm * pn
+        programs = min(tiles, int(getattr(self.parent.target, "sm_count", 0) or tiles))
+        self._descriptor(a, c.m, c.k, "a_desc", "BM")
+        self._descriptor(b, c.n, c.k, "b_desc", "BN")
+        em.open(f"for t in tl.range(tl.program_id(0), {tiles}, {programs}, flatten=True):")
+        width = cfg.group_m * pn
+        em.emit(f"first_m = (t // {width}) * {cfg.group_m}")
+        em.emit(f"gsize = tl.minimum({pm} - first_m, {cfg.group_m})")
+        em.emit(f"pm = first_m + (t % {width}) % gsize")
+        em.emit(f"pn = (t % {width}) // gsize")
+        em.emit("acc = tl.zeros([BM, BN], tl.float32)")
+        em.open(f"for k0 in range(0, {c.k}, BK):")
+        ta = "a_desc.load([pm * BM, k0])" if a.kfast else "a_desc.load([k0, pm * BM]).T"
+        tb = "b_desc.load([pn * BN, k0]).T" if b.kfast else "b_desc.load([k0, pn * BN])"
+        em.emit(f"acc = tl.dot({ta}, {tb}, acc)")
+        em.close()
+        em.emit("mi = pm * BM + tl.arange(0, BM)[:, None]")
+        em.emit("nj = pn * BN + tl.arange(0, BN)[None, :]")
+        em.decompose("mi", [st.vars[k] for k in c.mvars], [st.extents[k] for k in c.mvars])
+        em.decompose("nj", [st.vars[k] for k in c.nvars], [st.extents[k] for k in c.nvars])
+        em.emit(f"omask = (mi < {c.m}) & (nj < {c.n})")
+        epi = transform(st.body, lambda e: Var("acc", c.red.dtype) if e == c.red else None)
+        em.env[Var("acc", c.red.dtype)] = "acc"
+        guard = None if c.m % cfg.bm == 0 and c.n % cfg.bn == 0 else "omask"
+        self._store(st, em.stored(epi, guard, self.refs[st.out].dtype), guard, None)
+        em.close()
+        meta = {"m": c.m, "n": c.n, "k": c.k, "half": c.half, "fp8": c.fp8, "batch": 1,
+                "heavy": heavy_epilogue(st), "plain": True, "tma": True}
+        return self._function("gemm", {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk}, (programs,),
+                              cfg, meta)
+
+    def _descriptor(self, op: Direct, rows: int, k: int, name: str, block: str) -> None:
+        """``name = tl.make_tensor_descriptor(...)`` over one operand: [rows, K] with K
+        contiguous (``kfast``), else [K, rows]."""
+        ref = self.em.param(op.buf)
+        shape, strides, blocks = (([rows, k], [op.rs, 1], [block, "BK"]) if op.kfast else
+                                  ([k, rows], [op.ks, 1], ["BK", block]))
+        at = op.offset
+        base = ref.param if isinstance(at, Const) and at.value == 0 else \
+            f"{ref.param} + {self.em.expr(at, None)}"
+        self.em.emit(f"{name} = tl.make_tensor_descriptor({base}, shape={shape}, "
+                     f"strides={strides}, block_shape=[{blocks[0]}, {blocks[1]}])")
+        return name
 
     def _split(self, st: Stage, c: Contraction, cfg: GemmConfig) -> int:
         """The configuration's split of K, 1 when it cannot apply (K shorter than two slices,
