@@ -52,15 +52,25 @@ class AttentionConfig(LaunchConfig):
     bd: int = 16  # q/k head dimension, padded to a power of two
     bdv: int = 16  # v head dimension, padded
 
+    def params(self) -> dict:
+        return {"template": "attention", "bm": self.bm, "bn": self.bn,
+                "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    def describe(self) -> str:
+        return f"{self.bm}x{self.bn} w{self.num_warps} s{self.num_stages}"
+
 
 def attention_config(sq: int, sk: int, dk: int, dv: int, half: bool, target=None,
-                     rows: int = 1) -> AttentionConfig:
+                     rows: int = 1, tuned: dict | None = None) -> AttentionConfig:
     """Default tiles: 128x64 (half) or 64x64 (fp32) query x key blocks (128x32 for half heads
     of 64 on NVIDIA GPUs), shrunk to the problem (``tl.dot`` needs 16) and, while the ``rows``
     (batch x heads) times the query blocks leave multiprocessors idle, halved down to 16
     queries; pipeline depth what the K and V tiles leave of shared memory, 2 at most over 128
     keys or fewer (module doc)."""
     bd, bdv = max(16, pow2(dk)), max(16, pow2(dv))
+    cfg = _tuned_attention(tuned, bd, bdv, half, target)
+    if cfg is not None:
+        return cfg
     bm = max(16, min(128 if half else 64, pow2(sq)))
     sms = getattr(target, "sm_count", 0) or 0
     while bm > 16 and rows * -(-sq // bm) < sms:
@@ -79,6 +89,51 @@ def attention_config(sq: int, sk: int, dk: int, dv: int, half: bool, target=None
     return AttentionConfig(num_warps=warps, num_stages=stages, bm=bm, bn=bn, bd=bd, bdv=bdv)
 
 
+def _tuned_attention(tuned: dict | None, bd: int, bdv: int, half: bool, target
+                     ) -> AttentionConfig | None:
+    """A tuning record's blocks, if they are valid here (powers of two from 16 to 128, a
+    pipeline whose K and V tiles fit the shared memory)."""
+    if not tuned or tuned.get("template") != "attention":
+        return None
+    vals = [tuned.get(x) for x in ("bm", "bn", "num_warps", "num_stages")]
+    if not all(isinstance(v, int) and v > 0 for v in vals):
+        return None
+    bm, bn, warps, stages = vals
+    if not all(16 <= v <= 128 and v & (v - 1) == 0 for v in (bm, bn)) or warps not in (2, 4, 8) \
+            or not 1 <= stages <= 4:
+        return None
+    elt = 2 if half else 4
+    shared = getattr(target, "shared_mem_per_block", 0) or DEFAULT_SHARED
+    if bm * bd * elt + stages * bn * (bd + bdv) * elt > shared:
+        return None
+    return AttentionConfig(num_warps=warps, num_stages=stages, bm=bm, bn=bn, bd=bd, bdv=bdv)
+
+
+def attention_space(sq: int, sk: int, dk: int, dv: int, half: bool, target=None, rows: int = 1,
+                    limit: int = 12) -> list[AttentionConfig]:
+    """The default first, then key blocks of 16 to 128 and query blocks of 64 and 128 at its
+    warps, then its blocks with other pipeline depths and warps: at most ``limit``."""
+    base = attention_config(sq, sk, dk, dv, half, target, rows)
+    out = [base]
+
+    def add(bm: int, bn: int, warps: int, stages: int) -> None:
+        if bm > max(16, pow2(sq)) or bn > max(16, pow2(sk)):
+            return  # a block past the problem: nothing to gain
+        c = _tuned_attention({"template": "attention", "bm": bm, "bn": bn, "num_warps": warps,
+                              "num_stages": stages}, base.bd, base.bdv, half, target)
+        if c is not None and c not in out:
+            out.append(c)
+
+    for bm in (base.bm, 64, 128):
+        for bn in (32, 64, 16, 128):
+            add(bm, bn, base.num_warps, base.num_stages)
+    for stages in (base.num_stages - 1, base.num_stages + 1):
+        add(base.bm, base.bn, base.num_warps, stages)
+    for warps in (8, 4):
+        add(base.bm, base.bn, warps, base.num_stages)
+    return out[:limit]
+
+
 # ---- recognition --------------------------------------------------------------------------------
 
 
@@ -93,7 +148,7 @@ def render_attention(sr, st: AttentionStage):
         raise SymbolicError("attention head sizes must be fixed", free_symbols(sp.dk) |
                             free_symbols(sp.dv))
     cfg = attention_config(hint(sp.sq), hint(sp.sk), sp.dk, sp.dv, half, sr.parent.target,
-                           hint(n_outer))
+                           hint(n_outer), sr.tuned)
     em = sr.em
     em.param(st.out)
     n_m = cdiv(sp.sq, cfg.bm)
@@ -153,7 +208,7 @@ def render_attention(sr, st: AttentionStage):
     em.emit(f"tl.store({out.param} + ({off}), {em.store_value(value, out.dtype)}, mask=omask)")
     consts = {"BM": cfg.bm, "BN": cfg.bn, "BD": cfg.bd, "BDV": cfg.bdv}
     meta = {"sq": sp.sq, "sk": sp.sk, "d": sp.dk, "dv": sp.dv, "half": half,
-            "causal": sp.causal_offset is not None}
+            "causal": sp.causal_offset is not None, "rows": n_outer}
     return sr._function("attention", consts, (n_m * n_outer,), cfg, meta)
 
 

@@ -511,7 +511,10 @@ def window_space(rows: int, cols: int, target=None, limit: int = 8) -> list[Wind
 def describe(cfg: LaunchConfig) -> str:
     if isinstance(cfg, GemmConfig):
         split = f" split{cfg.split_k}" if cfg.split_k > 1 else ""
-        return f"{cfg.bm}x{cfg.bn}x{cfg.bk} w{cfg.num_warps} s{cfg.num_stages}{split}"
+        tma = " tma" if cfg.tma else ""
+        return f"{cfg.bm}x{cfg.bn}x{cfg.bk} w{cfg.num_warps} s{cfg.num_stages}{split}{tma}"
+    if hasattr(cfg, "describe"):  # attention.AttentionConfig
+        return cfg.describe()
     if isinstance(cfg, ReductionConfig):
         return f"x{cfg.xblock} r{cfg.rblock} w{cfg.num_warps}"
     if isinstance(cfg, WindowConfig):

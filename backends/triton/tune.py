@@ -32,6 +32,7 @@ from ...progress import tuning_step
 from ...tensor_ir.expr import Reduce, walk
 from ...tensor_ir.kernel import Kernel, size_bucket, size_env, specialize
 from ...tensor_ir.tuning_db import TuningDB, TuningRecord, with_bucket
+from .attention import attention_space
 from .config import (
     LaunchConfig,
     describe,
@@ -111,6 +112,10 @@ def stage_spaces(fused: Kernel, renderer: TritonRenderer, level: str) -> dict[in
         elif f.template == "reduction":
             rn = max(_reduce_extent(r) for r in walk(st.body) if isinstance(r, Reduce))
             space = reduction_space(_numel(st.extents), rn, tgt, limit)
+        elif f.template == "attention" and all(isinstance(f.meta[x], int)
+                                               for x in ("sq", "sk", "rows")):
+            space = attention_space(f.meta["sq"], f.meta["sk"], f.meta["d"], f.meta["dv"],
+                                    f.meta["half"], tgt, f.meta["rows"], limit)
         elif f.template == "window":
             space = window_space(_numel(st.extents[:-1]), st.extents[-1], tgt, limit)
         else:
