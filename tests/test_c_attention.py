@@ -8,6 +8,7 @@ from __future__ import annotations
 import deploy
 import numpy as np
 import pytest
+from deploy.targets import load_target
 
 from tests.attention_graphs import NEG, attention_model, qkv
 from tests.util import run_ort
@@ -77,3 +78,33 @@ def test_run_time_causal_mask_skips_trailing_keys(tmp_path):
     np.testing.assert_allclose(ours[0], ref[0], rtol=1e-4, atol=1e-5)
     assert templated(art) == 1
     assert "if (!masked_) break;" in (dump / "kernels.c").read_text()
+
+
+def _bf16(a):
+    import ml_dtypes
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+@pytest.mark.parametrize("b,h,sq,sk,d,dv,causal", [(1, 2, 37, 23, 15, 24, False),
+                                                   (1, 1, 5, 130, 80, 24, False),
+                                                   (2, 2, 20, 27, 16, 16, True)])
+def test_bf16_attention_on_dot_products(b, h, sq, sk, d, dv, causal, tmp_path):
+    """``--dtype bf16``: where compiled for AVX512-BF16 both products run on vdpbf16ps (k, v
+    and q as bf16 pairs, an odd head dim's last pair and keys past the end zero, p rounded to
+    bf16); its error against ONNX Runtime on bf16-rounded inputs stays within that of the
+    float32-FMA build (a target without the feature) and under 1e-2."""
+    keep = (np.arange(sk)[None, :] <= np.arange(sq)[:, None] + 7)[None, None] if causal else None
+    model = attention_model(b, h, sq, sk, d, dv, where=keep)
+    x = {k: _bf16(v) for k, v in qkv(b, h, sq, sk, d, dv).items()}
+    ref = run_ort(model, x)[0]
+    errs, outs = {}, {}
+    for target in ("host", "x86_64-avx512"):
+        dump = tmp_path / target
+        art = deploy.compile(model, target=target, dtype="bf16", dump_dir=str(dump))
+        assert templated(art) == 1
+        assert "_mm512_dpbf16_ps(" in (dump / "kernels.c").read_text()  # (compiled in or not)
+        outs[target] = art.load().run(x)[0]
+        errs[target] = np.linalg.norm(outs[target] - ref) / np.linalg.norm(ref)
+    assert errs["host"] < 1e-2 and errs["host"] <= 1.25 * errs["x86_64-avx512"] + 1e-3, errs
+    if "avx512_bf16" in load_target("host").cpu_isa():  # p rounded to bf16: other numbers
+        assert not np.array_equal(outs["host"], outs["x86_64-avx512"])

@@ -50,8 +50,9 @@ def _up(n):
 
 def supported(st: AttentionStage) -> bool:
     """fp32 operands, or bf16 / fp16 ones (``half``: widened to float32 as K and V are packed
-    and q is read; the scores and p stay float32, which rounds less than the graph's half p);
-    head sizes fixed."""
+    and q is read; the scores and p stay float32, which rounds less than the graph's half p;
+    bf16 where compiled for AVX512-BF16: K, V and q packed as bf16 pairs for vdpbf16ps, p
+    rounded to bf16 as the graph rounds it); head sizes fixed."""
     sp = st.spec
     want = sp.half or DType.float32
     return (sp.half in (None, DType.bfloat16, DType.float16)
@@ -82,16 +83,55 @@ def render_attention(r, st: AttentionStage, out_ident: str) -> list[str]:
         if not last:
             lines.append(f"{ind}const int64_t o{k}_ = {rest} / {c_size(e)};")
             rest = f"o{k}_"
-    words = sp.dk * skp + sp.sk * dvp + rb * skp
+    # k and v as float32 (dk x skp, sk x dvp) or as bf16 pairs ((dk + 1) x skp and skp x dvp
+    # halves): dk x skp + skp x dvp words hold either; then the float32 score rows
+    words = sp.dk * skp + skp * dvp + rb * skp
     lines.append(f"{ind}float* kt_ = (float*)dp_local({c_size(words * 4)});")
-    lines.append(f"{ind}float* vp_ = kt_ + {c_size(sp.dk * skp)}; "
-                 f"float* s_ = vp_ + {c_size(sp.sk * dvp)};")
-    lines += _pack(r, sp.k, "kt_", (KD, sp.dk), (KJ, sp.sk), skp, True, ind)
-    lines += _pack(r, sp.v, "vp_", (VJ, sp.sk), (VC, sp.dv), dvp, False, ind)
+    lines.append(f"{ind}float* s_ = kt_ + {c_size(words - rb * skp)};")
+    dot = sp.half is DType.bfloat16
+    float_pack = ([f"{ind}float* vp_ = kt_ + {c_size(sp.dk * skp)};"]
+                  + _pack(r, sp.k, "kt_", (KD, sp.dk), (KJ, sp.sk), skp, True, ind)
+                  + _pack(r, sp.v, "vp_", (VJ, sp.sk), (VC, sp.dv), dvp, False, ind))
+    if dot:
+        pairs = ([f"{ind}uint16_t* kh_ = (uint16_t*)kt_;",
+                  f"{ind}uint16_t* vh_ = kh_ + {c_size((sp.dk + 1) // 2 * 2 * skp)};"]
+                 + _pack_pairs(r, sp.k, "kh_", (KJ, sp.sk), (KD, sp.dk), skp, True, ind)
+                 + _pack_pairs(r, sp.v, "vh_", (VC, sp.dv), (VJ, sp.sk), dvp, False, ind))
+        lines += _either(pairs, float_pack)
+    else:
+        lines += float_pack
     lines.append(f"{ind}for (int64_t i0_ = 0; i0_ < {c_size(sp.sq)}; i0_ += {rb}) {{")
-    lines += _rows(r, st, skp, dvp, rb, out_ident, ind + "  ")
+    lines += _rows(r, st, skp, dvp, rb, out_ident, ind + "  ", dot)
     lines += [f"{ind}}}", "  }", "  }"]
     return lines
+
+
+DOT = "#if defined(__AVX512BF16__) && defined(__AVX512F__)"
+
+
+def _either(dot: list[str], other: list[str]) -> list[str]:
+    """``dot`` where compiled for vdpbf16ps, else ``other``."""
+    return [DOT, *dot, "#else", *other, "#endif"]
+
+
+def _pack_pairs(r, e, dst: str, lanes, pairs, pitch: int, pairs_inner: bool,
+                ind: str) -> list[str]:
+    """dst[(p / 2) * pitch * 2 + lane * 2 + p % 2] = bf16 bits of e(lane, p): consecutive pairs
+    of the reduced axis ``pairs`` (k's head dimension, v's keys) side by side per lane, as
+    vdpbf16ps reads them; zero past either extent (lanes up to ``pitch``, an odd last pair).
+    The inner loop runs along the source's contiguous axis (``pairs_inner``: k's head dims)."""
+    (lv, ln), (pv, pn) = lanes, pairs
+    body: list[str] = []
+    value = r.expr(e, body, ind + "    ")
+    if body:
+        raise NotImplementedError("attention operand needs statements")
+    size = (pn + 1) // 2 * 2 * pitch * 2
+    (ov, on), (iv, i_n) = ((lv, ln), (pv, pn)) if pairs_inner else ((pv, pn), (lv, ln))
+    return [f"{ind}memset({dst}, 0, {c_size(size)});",
+            f"{ind}for (int64_t {ov.name} = 0; {ov.name} < {c_size(on)}; ++{ov.name})",
+            f"{ind}  for (int64_t {iv.name} = 0; {iv.name} < {c_size(i_n)}; ++{iv.name})",
+            (f"{ind}    {dst}[({pv.name} >> 1) * {c_size(2 * pitch)} + {lv.name} * 2 + "
+             f"({pv.name} & 1)] = dp_bf16_bits({value});")]
 
 
 def _pack(r, e, dst: str, rows, cols, pitch: int, transposed: bool, ind: str) -> list[str]:
@@ -121,8 +161,9 @@ def _row_of(k: int, sq: int) -> str:
 
 
 def _rows(r, st: AttentionStage, skp: int, dvp: int, rb: int, out_ident: str,
-          ind: str) -> list[str]:
-    """``rb`` query rows from i0_: scores, softmax, p @ v, store."""
+          ind: str, dot: bool) -> list[str]:
+    """``rb`` query rows from i0_: scores, softmax, p @ v, store (``dot``: both products on
+    vdpbf16ps where compiled for it)."""
     sp = st.spec
     lines = [f"{ind}int64_t hi_[{rb}]; int64_t hmax_ = 0;"]
     scan = sp.causal_offset is None and any(isinstance(x, Load) for x in walk(sp.logits))
@@ -136,8 +177,11 @@ def _rows(r, st: AttentionStage, skp: int, dvp: int, rb: int, out_ident: str,
             hi = "e_"
         lines.append(f"{ind}hi_[{k}] = {hi}; hmax_ = hi_[{k}] > hmax_ ? hi_[{k}] : hmax_;"
                      + ("}" if scan else ""))
-    return (lines + _scores(r, sp, skp, rb, ind) + _softmax(r, sp, skp, rb, ind)
-            + _pv(skp, dvp, rb, ind) + _store(r, st, rb, out_ident, ind))
+    scores, pv = _scores(r, sp, skp, rb, ind), _pv(skp, dvp, rb, ind)
+    if dot:
+        scores = _either(_scores_dot(r, sp, skp, rb, ind), scores)
+        pv = _either(_pv_dot(skp, dvp, rb, ind), pv)
+    return lines + scores + _softmax(r, sp, skp, rb, ind) + pv + _store(r, st, rb, out_ident, ind)
 
 
 def _masked_tail(r, sp, k: int, ind: str) -> list[str]:
@@ -207,6 +251,77 @@ def _score_chunk(qs: list[str], dk: int, skp: int, n: int, head: str, ind: str) 
     lines += [f"{ind}  dp_store16(s_ + {c_size(k * skp)} + jc_ + {v * VL}, a{k}_{v});"
               for k in range(len(qs)) for v in range(n)]
     lines.append(f"{ind}}}" + ("}" if head.startswith("if") else ""))
+    return lines
+
+
+def _scores_dot(r, sp, skp: int, rb: int, ind: str) -> list[str]:
+    """The scores on vdpbf16ps: each row's q as bf16 pairs (one 32-bit word per pair of head
+    dims), broadcast against 16 keys x 2 dims of the pair-packed k."""
+    pairs = (sp.dk + 1) // 2
+    lines = [f"{ind}uint32_t qw_[{rb}][{pairs}];"]
+    for k in range(rb):
+        pre: list[str] = []
+        q = r.expr(substitute(sp.q, {QI: Var(f"qi{k}_")}), pre, ind)
+        if pre:
+            raise NotImplementedError("attention query needs statements")
+        lines += [(f"{ind}{{ const int64_t qi{k}_ = {_row_of(k, sp.sq)}; uint16_t* qh_ = "
+                   f"(uint16_t*)qw_[{k}]; qh_[{2 * pairs - 1}] = 0;"),
+                  (f"{ind}  for (int64_t {QD.name} = 0; {QD.name} < {sp.dk}; ++{QD.name}) "
+                   f"qh_[{QD.name}] = dp_bf16_bits({q}); }}")]
+    nvec = skp // VL
+    chunk = max(1, 16 // rb)
+    if isinstance(nvec, Sym):
+        return lines + _score_dot_chunk(rb, pairs, skp, 1, f"for (int64_t jc_ = 0; jc_ < "
+                                        f"{c_size(skp)} && jc_ < hmax_; jc_ += {VL})", ind)
+    full = nvec // chunk * chunk
+    if full:
+        lines += _score_dot_chunk(rb, pairs, skp, chunk, f"for (int64_t jc_ = 0; jc_ < "
+                                  f"{full * VL} && jc_ < hmax_; jc_ += {chunk * VL})", ind)
+    if nvec > full:
+        lines += _score_dot_chunk(rb, pairs, skp, nvec - full, f"if ({full * VL} < hmax_) "
+                                  f"{{ const int64_t jc_ = {full * VL};", ind)
+    return lines
+
+
+def _score_dot_chunk(rb: int, pairs: int, skp: int, n: int, head: str, ind: str) -> list[str]:
+    accs = ", ".join(f"a{k}_{v} = _mm512_setzero_ps()" for k in range(rb) for v in range(n))
+    lines = [f"{ind}{head} {{",
+             f"{ind}  __m512 {accs}; const uint16_t* kp_ = kh_ + jc_ * 2;",
+             f"{ind}  for (int64_t d_ = 0; d_ < {pairs}; ++d_) {{",
+             f"{ind}    const uint16_t* kr_ = kp_ + d_ * {c_size(2 * skp)};",
+             *(f"{ind}    const __m512bh k{v}_ = (__m512bh)_mm512_loadu_si512(kr_ + {v * 2 * VL});"
+               for v in range(n))]
+    for k in range(rb):
+        lines.append(f"{ind}    {{ const __m512bh q_ = (__m512bh)_mm512_set1_epi32((int)qw_[{k}][d_]); "
+                     + " ".join(f"a{k}_{v} = _mm512_dpbf16_ps(a{k}_{v}, q_, k{v}_);"
+                                for v in range(n)) + " }")
+    lines.append(f"{ind}  }}")
+    lines += [f"{ind}  _mm512_storeu_ps(s_ + {c_size(k * skp)} + jc_ + {v * VL}, a{k}_{v});"
+              for k in range(rb) for v in range(n)]
+    lines.append(f"{ind}}}" + ("}" if head.startswith("if") else ""))
+    return lines
+
+
+def _pv_dot(skp: int, dvp: int, rb: int, ind: str) -> list[str]:
+    """p @ v on vdpbf16ps: pairs of keys, p rounded to bf16 (the graph's p is bf16 too)."""
+    nv = dvp // VL
+    accs = ", ".join(f"c{k}_{v} = _mm512_setzero_ps()" for k in range(rb) for v in range(nv))
+    lines = [f"{ind}__m512 {accs};",
+             f"{ind}for (int64_t j_ = 0; j_ < hmax_; j_ += 2) {{",
+             f"{ind}  const uint16_t* vr_ = vh_ + (j_ >> 1) * {2 * dvp};",
+             *(f"{ind}  const __m512bh v{v}_ = (__m512bh)_mm512_loadu_si512(vr_ + {v * 2 * VL});"
+               for v in range(nv))]
+    for k in range(rb):
+        row = f"s_ + {c_size(k * skp)} + j_"
+        lines.append(f"{ind}  {{ const float* pr_ = {row}; const __m512bh p_ = (__m512bh)"
+                     f"_mm512_set1_epi32((int)((uint32_t)dp_f32_to_bf16(pr_[0]) | "
+                     f"(j_ + 1 < hmax_ ? (uint32_t)dp_f32_to_bf16(pr_[1]) << 16 : 0u))); "
+                     + " ".join(f"c{k}_{v} = _mm512_dpbf16_ps(c{k}_{v}, p_, v{v}_);"
+                                for v in range(nv)) + " }")
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}float o_row_[{rb}][{dvp}];")
+    lines += [f"{ind}_mm512_storeu_ps(o_row_[{k}] + {v * VL}, _mm512_mul_ps(c{k}_{v}, "
+              f"_mm512_set1_ps(inv_[{k}])));" for k in range(rb) for v in range(nv)]
     return lines
 
 

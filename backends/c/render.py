@@ -55,6 +55,9 @@ PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 QGEMM_H = (Path(__file__).parent / "qgemm.h").read_text()  # only in modules that call dp_qgemm
 WINOGRAD_H = (Path(__file__).parent / "winograd.h").read_text()  # ... and dp_wino
 EXPAND_DW_H = (Path(__file__).parent / "expand_dw.h").read_text()  # ... and dp_expand_dw
+# ... and the intrinsics, in modules whose bf16 attention calls vdpbf16ps (backends/c/attention.py)
+DOT_INCLUDE = ("#if defined(__AVX512BF16__) && defined(__AVX512F__)\n#include <immintrin.h>\n"
+               "#endif\n")
 
 F = "{f}"  # float-function suffix placeholder: "f" for float, "" for double
 COLLAPSE_BELOW = 64  # GEMM nests with fewer outer tiles share (outer, inner) tile pairs among threads
@@ -180,7 +183,8 @@ class CRenderer:
         body = "\n".join(rendered)
         return (PRELUDE + "\n" + (QGEMM_H + "\n" if "dp_qgemm(" in body else "")
                 + (WINOGRAD_H + "\n" if "dp_wino(" in body or "dp_expand_dw(" in body else "")
-                + (EXPAND_DW_H + "\n" if "dp_expand_dw(" in body else "") + body)
+                + (EXPAND_DW_H + "\n" if "dp_expand_dw(" in body else "")
+                + (DOT_INCLUDE if "_mm512_dpbf16_ps(" in body else "") + body)
 
     def kernel(self, k: Kernel, schedules: list[StageSchedule]) -> str:
         self._tmp = 0  # fresh names per kernel: equal kernels render equal (compiler dedups)
