@@ -1,6 +1,7 @@
 """The two GEMMs ``kernel_sweep gemm`` compares (BERT-base's shapes, fp16, its epilogues): a
 persistent one loading its tiles through TMA descriptors (one program per multiprocessor,
-tiles in grouped order) and one loading through pointers (one program per tile). Needs triton;
+tiles in grouped order; ``WS``: Triton's warp specialization splits each program into warps
+that load and warps that multiply) and one loading through pointers (one program per tile). Needs triton;
 ``triton.set_allocator`` must give the descriptors their global scratch."""
 from __future__ import annotations
 
@@ -28,11 +29,11 @@ def epilogue(acc, bias_ptr, res_ptr, rows, cols, N: tl.constexpr, EPI: tl.conste
 @triton.jit
 def gemm_tma(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr,
              K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             NSM: tl.constexpr, EPI: tl.constexpr):
+             NSM: tl.constexpr, EPI: tl.constexpr, WS: tl.constexpr = False):
     a_d = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_d = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
     npm, npn = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    for t in tl.range(tl.program_id(0), npm * npn, NSM, flatten=True):
+    for t in tl.range(tl.program_id(0), npm * npn, NSM, flatten=not WS, warp_specialize=WS):
         pm, pn = tile_ids(t, npm, npn, 8)
         acc = tl.zeros([BM, BN], tl.float32)
         for k0 in range(0, K, BK):

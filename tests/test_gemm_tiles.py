@@ -1,0 +1,32 @@
+"""Default GEMM tiles of the Triton backend (``backends/triton/config.py``): 128-row tiles two to
+a multiprocessor where 64-row ones were chosen and 128-row ones fill one to two waves."""
+from __future__ import annotations
+
+from deploy.backends.triton.config import PAIR_RESERVE, gemm_config
+from deploy.targets import load_target
+
+H100 = load_target("h100")
+
+
+def _two_fit(cfg, target) -> bool:
+    per_program = (cfg.bm + cfg.bn) * cfg.bk * 2 * cfg.num_stages + PAIR_RESERVE
+    return 2 * per_program <= target.shared_mem_per_sm
+
+
+def test_bert_projections_take_paired_128_row_tiles_on_hopper():
+    for k in (768, 3072):  # BERT-base batch 32: the output projection and FFN2
+        cfg = gemm_config(4096, 768, k, H100, half=True, plain=True)
+        assert (cfg.bm, cfg.bn, cfg.split_k) == (128, 128, 1)
+        assert cfg.num_stages >= 2 and _two_fit(cfg, H100)
+
+
+def test_pairing_keeps_out_of_other_cases():
+    # many waves of 128-row tiles (ViT-base's 6304 rows): 64 rows stay
+    assert gemm_config(6304, 768, 768, H100, half=True, plain=True).bm == 64
+    # a heavy epilogue (GELU) keeps the cost model's tile and its full pipeline
+    heavy = gemm_config(4096, 768, 768, H100, half=True, plain=True, heavy_epilogue=True)
+    assert heavy.bm == 64 and heavy.num_stages == 4
+    # no pairing before sm_90, nor for fp32 operands (TF32)
+    a100 = gemm_config(4096, 768, 3072, load_target("a100"), half=True, plain=True)
+    assert (a100.bm, a100.bn) != (128, 128)
+    assert gemm_config(4096, 768, 3072, H100, tf32=True).bm == 64
