@@ -71,8 +71,12 @@ def test_tma_gemm_matches_ort(epilogue, trans_b, tmp_path, monkeypatch):
 def test_default_rule():
     assert gemm_config(4096, 2304, 768, H100, half=True, plain=True).tma  # 576 tiles
     assert not gemm_config(4096, 768, 768, H100, half=True, plain=True).tma  # 1.5 waves
-    assert not gemm_config(4096, 3072, 768, H100, half=True, plain=True,
-                           heavy_epilogue=True).tma  # GELU: measured slower
+    # GELU on 128 x 128 tiles: measured slower; on 128 x 256 tiles over two waves: faster
+    assert not gemm_config(8192, 768, 1536, H100, half=True, plain=True,
+                           heavy_epilogue=True).tma
+    wide = gemm_config(4096, 3072, 768, H100, half=True, plain=True, heavy_epilogue=True)
+    assert (wide.bn, wide.tma) == (256, True)  # 384 tiles
+    assert not gemm_config(4096, 1024, 4096, H100, half=True, plain=True).tma  # 128 tiles
     assert not gemm_config(4096, 2304, 768, H100, half=True).tma  # an implicit GEMM
     assert not gemm_config(4096, 2304, 768, A100, half=True, plain=True).tma  # no TMA (sm_80)
     assert not gemm_config(4096, 2304, 768, H100, plain=True).tma  # fp32 operands
