@@ -10,10 +10,13 @@ rate: the manifest's work is counted at the symbols' size hints).
 ``--json`` writes every kernel's row (symbol, node, ms, note, schedule), to diff two artifacts.
 
 Binds every value's buffer the way the runtime does, then calls each kernel of the plan on its
-own (median of ``--runs`` calls after one warm-up) and prints the slowest kernels with their
-share of the total, their rate (2 x the kernel's work - points times reduction extents - per
+own (median of ``--runs`` calls after one warm-up: its operands stay in the caches), then the
+plan's kernels in their order (``--runs`` passes: each kernel finds the caches as the ones
+before it left them, weights coming from memory), and prints the slowest kernels with their
+share of the total, their time in plan order, their rate (2 x the kernel's work - points times reduction extents - per
 second: GFLOP/s for contractions), the fused ops they hold (the kernel note) and their schedule. The sum is
-compared with the whole-plan time (one ``run`` call), which adds the call overheads.
+compared with the in-order sum and the whole-plan time (one ``run`` call), which adds the call
+overheads.
 """
 from __future__ import annotations
 
@@ -85,16 +88,13 @@ def _median_ms(fn, runs: int) -> float:
     return statistics.median(times)
 
 
-def profile(path: str, runs: int, dims: dict[str, int] | None = None,
-            threads: int | None = None) -> list[tuple[float, dict, dict]]:
-    """(ms, step, kernel record) per kernel step, slowest first; ``dims``: the symbols' values
-    for an artifact with symbolic sizes; ``threads``: OpenMP threads (as ``load``)."""
-    mod = load(path, threads=threads)
+def _calls(mod, dims: dict[str, int] | None) -> tuple[list[tuple[dict, object, object]], tuple]:
+    """(step, kernel function, its argument pointers) per kernel step, in plan order, and the
+    arrays those pointers address (the caller keeps them alive while it calls)."""
     if getattr(mod, "_set_threads", None) is not None:  # what run() sets, for direct calls
         mod._set_threads(mod.threads)
     env, sig = _bind(mod, dims)
-    kernels = {k["symbol"]: k for k in mod.manifest["kernels"]}
-    rows = []
+    calls = []
     for step in mod.steps:
         if step["kind"] != "kernel":
             continue
@@ -102,10 +102,37 @@ def profile(path: str, runs: int, dims: dict[str, int] | None = None,
         if step.get("dims"):
             args.append(sig.dims)
         ptrs = (ctypes.c_void_p * len(args))(*[a.ctypes.data for a in args])
-        fn = mod._fns[step["symbol"]]
-        rows.append((_median_ms(lambda fn=fn, ptrs=ptrs: fn(ptrs), runs), step,
-                     kernels[step["symbol"]]))
+        calls.append((step, mod._fns[step["symbol"]], ptrs))
+    return calls, (env, sig)
+
+
+def profile(path: str, runs: int, dims: dict[str, int] | None = None,
+            threads: int | None = None) -> list[tuple[float, dict, dict]]:
+    """(ms, step, kernel record) per kernel step, slowest first; each kernel called alone,
+    again and again (its operands stay in the caches); ``dims``: the symbols' values for an
+    artifact with symbolic sizes; ``threads``: OpenMP threads (as ``load``)."""
+    mod = load(path, threads=threads)
+    kernels = {k["symbol"]: k for k in mod.manifest["kernels"]}
+    calls, _arrays = _calls(mod, dims)
+    rows = [(_median_ms(lambda fn=fn, ptrs=ptrs: fn(ptrs), runs), step, kernels[step["symbol"]])
+            for step, fn, ptrs in calls]
     return sorted(rows, key=lambda r: -r[0])
+
+
+def in_order(path: str, runs: int, dims: dict[str, int] | None = None,
+             threads: int | None = None) -> dict[str, float]:
+    """Each kernel's median time (ms, by symbol) when the plan's kernels are called in their
+    order, ``runs`` passes after one: each finds the caches as the kernels before it left
+    them, as in a run (weights read from memory, a producer's output still cached)."""
+    calls, _arrays = _calls(load(path, threads=threads), dims)
+    times: dict[str, list[float]] = {step["symbol"]: [] for step, _, _ in calls}
+    for r in range(runs + 1):
+        for step, fn, ptrs in calls:
+            t0 = CLOCK()
+            fn(ptrs)
+            if r:
+                times[step["symbol"]].append((CLOCK() - t0) * 1e3)
+    return {sym: statistics.median(ts) for sym, ts in times.items()}
 
 
 def main() -> int:
@@ -125,21 +152,25 @@ def main() -> int:
     dims = {k: int(v) for k, _, v in (d.partition("=") for d in a.dim)}
     rows = profile(a.artifact, a.runs, dims)
     total = sum(r[0] for r in rows)
+    ordered = in_order(a.artifact, a.runs, dims)
     mod = load(a.artifact)
     feed = _feed(mod, dims)
     whole = _median_ms(lambda: mod.run(feed), a.runs)
-    print(f"{len(rows)} kernels, sum {total:.2f} ms, whole plan {whole:.2f} ms")
-    print("| ms | % | GFLOP/s | kernel | note | schedule |\n|---:|---:|---:|---|---|---|")
+    print(f"{len(rows)} kernels: each alone {total:.2f} ms, in plan order "
+          f"{sum(ordered.values()):.2f} ms; whole plan {whole:.2f} ms")
+    print("| ms | % | in order ms | GFLOP/s | kernel | note | schedule |\n"
+          "|---:|---:|---:|---:|---|---|---|")
     for ms, step, k in rows[:a.top]:
         sched = "; ".join(str(s) for s in k["schedule"])
         rate = 2e-6 * k.get("work", 0) / ms  # a multiply-add per point of work: 2 flops
         rate = "-" if mod._program is not None else f"{rate:.0f}"  # work at the size hints
-        print(f"| {ms:.3f} | {100 * ms / total:.1f} | {rate} | {step['symbol']} | "
-              f"{k['note'][:60]} | {sched[:90]} |")
+        print(f"| {ms:.3f} | {100 * ms / total:.1f} | {ordered[step['symbol']]:.3f} | {rate} | "
+              f"{step['symbol']} | {k['note'][:60]} | {sched[:90]} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump([{"symbol": step["symbol"], "node": step.get("node"), "ms": ms,
-                        "note": k["note"], "schedule": [str(x) for x in k["schedule"]]}
+                        "in_order_ms": ordered[step["symbol"]], "note": k["note"],
+                        "schedule": [str(x) for x in k["schedule"]]}
                        for ms, step, k in rows], f, indent=1)
     return 0
 

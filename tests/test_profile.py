@@ -195,11 +195,25 @@ def test_cli_profile_of_a_cpu_artifact(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert cli.main(["bench", str(path), "--profile", "--runs", "2", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "GFLOP/s" in text and "| k0 |" in text
+    assert "GFLOP/s" in text and "| k0 |" in text and "kernels in plan order" in text
     res = json.loads(out.read_text())
+    assert set(res["measured"]) == {"whole plan", "kernels in plan order", "sum of kernels"}
     (k,) = res["kernels"]
     assert k["flops"] == 2 * 64 * 32 * 128 and k["gbs"] > 0
     assert res["model"]["min_bytes"] == 4 * (64 * 128 + 128 * 32 + 64 * 32)
+
+
+def test_kernels_timed_in_plan_order(tmp_path):
+    import gc
+
+    import deploy
+    from deploy.bench.cpu_profile import in_order
+    path = deploy.compile(matmul(), target="host").save(tmp_path / "m.dpk")
+    times = in_order(str(path), 3)
+    gc.collect()  # the bound arrays must outlive the calls that address them
+    again = in_order(str(path), 3)
+    steps = [s["symbol"] for s in deploy.load(path).steps if s["kind"] == "kernel"]
+    assert list(times) == steps == list(again) and all(t > 0 for t in times.values())
 
 
 def test_cli_profile_of_a_gpu_artifact_without_a_gpu(tmp_path, capsys, monkeypatch):
