@@ -45,7 +45,8 @@ typedef struct {
   float lo, hi;
   /* int8 residual (res_kind 1 uint8, 2 int8; 0 none): the contraction's value q is saturated
      to mid_kind's range with mid_zp, then v = (q - mid_zp) * mid_scale + (r - res_zp) *
-     res_scale, ReLU where relu, round(v / out_scale) + out_zp saturated to out_kind's */
+     res_scale, ReLU where relu, round(v / out_scale) + out_zp saturated to out_kind's;
+     mid_kind 0 (float32, PT2E's form): v = the contraction's float value + (r - res_zp) * ... */
   int res_kind, mid_kind, relu;
   int32_t mid_zp, res_zp;
   float mid_scale, res_scale, out_scale;
@@ -481,9 +482,9 @@ static void dp_b_store(const dp_qgeom* g, const float* acc, const int64_t* obase
 static inline float dp_q_lo(int kind) { return kind == 1 ? 0.0f : -128.0f; }
 static inline float dp_q_hi(int kind) { return kind == 1 ? 255.0f : 127.0f; }
 
-static inline int32_t dp_q_res1(const dp_qgeom* g, int32_t q, const void* res, int64_t o) {
+/* a: the contraction's value, float or dequantized from its requantized q */
+static inline int32_t dp_q_resv1(const dp_qgeom* g, float a, const void* res, int64_t o) {
   const int32_t r = g->res_kind == 1 ? ((const uint8_t*)res)[o] : ((const int8_t*)res)[o];
-  float a = ((float)q - (float)g->mid_zp) * g->mid_scale;
   float b = ((float)r - (float)g->res_zp) * g->res_scale;
   DP_APART(a);
   DP_APART(b);
@@ -494,12 +495,14 @@ static inline int32_t dp_q_res1(const dp_qgeom* g, int32_t q, const void* res, i
   return (int32_t)(v < lo ? lo : v > hi ? hi : v);
 }
 
+static inline int32_t dp_q_res1(const dp_qgeom* g, int32_t q, const void* res, int64_t o) {
+  return dp_q_resv1(g, ((float)q - (float)g->mid_zp) * g->mid_scale, res, o);
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-static inline __m512i dp_q_res16(const dp_qgeom* g, __m512i q, const void* res) {
+static inline __m512i dp_q_resv16(const dp_qgeom* g, __m512 a, const void* res) {
   const __m128i rb = _mm_loadu_si128((const __m128i*)res);
   const __m512i r = g->res_kind == 1 ? _mm512_cvtepu8_epi32(rb) : _mm512_cvtepi8_epi32(rb);
-  __m512 a = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps((float)g->mid_zp)),
-                           _mm512_set1_ps(g->mid_scale));
   __m512 b = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(r), _mm512_set1_ps((float)g->res_zp)),
                            _mm512_set1_ps(g->res_scale));
   __asm__("" : "+v"(a), "+v"(b));
@@ -512,13 +515,17 @@ static inline __m512i dp_q_res16(const dp_qgeom* g, __m512i q, const void* res) 
                     _mm512_set1_ps(dp_q_hi(g->out_kind)));
   return _mm512_cvtps_epi32(v);
 }
+
+static inline __m512i dp_q_res16(const dp_qgeom* g, __m512i q, const void* res) {
+  return dp_q_resv16(g, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q),
+                                                     _mm512_set1_ps((float)g->mid_zp)),
+                                       _mm512_set1_ps(g->mid_scale)), res);
+}
 #endif
 #ifdef __AVX2__
-static inline __m256i dp_q_res8(const dp_qgeom* g, __m256i q, const void* res) {
+static inline __m256i dp_q_resv8(const dp_qgeom* g, __m256 a, const void* res) {
   const __m128i rb = _mm_loadl_epi64((const __m128i*)res);
   const __m256i r = g->res_kind == 1 ? _mm256_cvtepu8_epi32(rb) : _mm256_cvtepi8_epi32(rb);
-  __m256 a = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps((float)g->mid_zp)),
-                           _mm256_set1_ps(g->mid_scale));
   __m256 b = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(r), _mm256_set1_ps((float)g->res_zp)),
                            _mm256_set1_ps(g->res_scale));
   __asm__("" : "+x"(a), "+x"(b));
@@ -530,6 +537,12 @@ static inline __m256i dp_q_res8(const dp_qgeom* g, __m256i q, const void* res) {
   v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(dp_q_lo(g->out_kind))),
                     _mm256_set1_ps(dp_q_hi(g->out_kind)));
   return _mm256_cvtps_epi32(v);
+}
+
+static inline __m256i dp_q_res8(const dp_qgeom* g, __m256i q, const void* res) {
+  return dp_q_resv8(g, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q),
+                                                    _mm256_set1_ps((float)g->mid_zp)),
+                                      _mm256_set1_ps(g->mid_scale)), res);
 }
 #endif
 
@@ -553,6 +566,11 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
       __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_loadu_ps(mult + n0)),
                                _mm512_loadu_ps(off + n0));
       if (g->out_kind == 0) { _mm512_storeu_ps((float*)out + base, v); continue; }
+      if (g->res_kind && g->mid_kind == 0) {  /* a float mid: the residual adds to v */
+        __m512i qr = dp_q_resv16(g, v, (const char*)res + base);
+        _mm_storeu_si128((__m128i*)((char*)out + base), _mm512_cvtepi32_epi8(qr));
+        continue;
+      }
       __m512i qi = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(zq));
       qi = _mm512_min_epi32(_mm512_max_epi32(qi, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
       if (g->res_kind) qi = dp_q_res16(g, qi, (const char*)res + base);
@@ -571,6 +589,10 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
         __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(t), _mm256_loadu_ps(mult + n0 + 8 * h)),
                                  _mm256_loadu_ps(off + n0 + 8 * h));
         if (g->out_kind == 0) { _mm256_storeu_ps((float*)out + base + 8 * h, v); continue; }
+        if (g->res_kind && g->mid_kind == 0) {  /* a float mid */
+          q[h] = dp_q_resv8(g, v, (const char*)res + base + 8 * h);
+          continue;
+        }
         __m256i qi = _mm256_add_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(zq));
         q[h] = _mm256_min_epi32(_mm256_max_epi32(qi, _mm256_set1_epi32(lo)), _mm256_set1_epi32(hi));
         if (g->res_kind) q[h] = dp_q_res8(g, q[h], (const char*)res + base + 8 * h);
@@ -590,9 +612,14 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
       v = v + off[n0 + j];
       int64_t o = base + j * g->os_ch;
       if (g->out_kind == 0) { ((float*)out)[o] = v; continue; }
-      int32_t qi = (int32_t)nearbyintf(v) + zq;
-      qi = qi < lo ? lo : qi > hi ? hi : qi;
-      if (g->res_kind) qi = dp_q_res1(g, qi, res, o);
+      int32_t qi;
+      if (g->res_kind && g->mid_kind == 0) {
+        qi = dp_q_resv1(g, v, res, o);  /* a float mid */
+      } else {
+        qi = (int32_t)nearbyintf(v) + zq;
+        qi = qi < lo ? lo : qi > hi ? hi : qi;
+        if (g->res_kind) qi = dp_q_res1(g, qi, res, o);
+      }
       if (g->out_kind == 1) ((uint8_t*)out)[o] = (uint8_t)qi;
       else ((int8_t*)out)[o] = (int8_t)qi;
     }

@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (imports register the converters)
     convert_misc,
     convert_movement,
     convert_nn,
+    convert_quant,
     convert_reduction,
 )
 from .importer import (

@@ -34,6 +34,8 @@ KEEP = [
     aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.matmul.default,
     aten.softmax.int, aten.log_softmax.int, aten.group_norm.default,
 ]
+# PT2E's quantize / dequantize ops, converted whole (convert_quant.py) for the `int8` pass
+QUANT_OPS = [t for t in ATEN if str(t).startswith("quantized_decomposed.")]
 # fx targets that compute nothing at inference time (shape assertions, metadata checks).
 IGNORED = {aten._assert_scalar.default, aten._assert_tensor_metadata.default,
            aten.sym_constrain_range_for_size.default, aten._assert_async.msg,
@@ -97,7 +99,7 @@ def load_program(model, example_inputs=None, dynamic_shapes=None) -> tuple:
 def decompose(ep):
     """Run the core-ATen decompositions, keeping the ops in ``KEEP`` whole."""
     table = torch.export.default_decompositions()
-    for op in KEEP:
+    for op in KEEP + QUANT_OPS:
         table.pop(op, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

@@ -16,8 +16,10 @@ The ``int8`` pass (``graph_ir/passes/quantized.py``) makes them from a QDQ model
 output scale), as ONNX Runtime's QLinearConv / QLinearMatMul requantize.
 
 A QConv may take a seventh input ``r`` (uint8 / int8, the output's shape and layout: a QDQ
-residual, ``fold_residuals``): its requantized value ``q`` (``mid_dtype``, zero point ``mid_zp``)
-is then dequantized and added to ``r``'s, optionally through ReLU, and quantized again:
+residual, ``fold_residuals``): its requantized value ``q`` (``mid_dtype``, zero point ``mid_zp``;
+with ``mid_dtype`` float32 its float value ``v`` itself, ``mid_zp`` 0 and ``mid_scale`` 1, as
+PT2E adds before quantizing) is then dequantized and added to ``r``'s, optionally through ReLU,
+and quantized again:
 ``saturate(round_half_even(max?((q - mid_zp) * mid_scale + (r - res_zp) * res_scale) /
 out_scale) + out_zp)``, the float steps of the DequantizeLinear, Add, Relu and QuantizeLinear
 it replaces, in their order.

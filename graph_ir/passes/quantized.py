@@ -15,7 +15,9 @@ constants) until this pass has looked at them. The rules, tried to a fixpoint:
 4. ``Q(DQ(q, s, z) * 2^e, s * 2^e, z)`` -> ``q`` (exact: the product is, and the rounding
    gives ``q`` back), as MinMax calibration writes around BERT's attention scaling; likewise
    ``Q(DQ(q, s, z), s, z)`` -> ``q``;
-5. ``MaxPool(DQ(q))`` -> ``DQ(MaxPool(q))`` (DQ is increasing): the pool reads bytes.
+5. ``MaxPool(DQ(q))`` -> ``DQ(MaxPool(q))`` (DQ is increasing): the pool reads bytes;
+6. in rule 3, ``Q(Relu(y))`` counts as ``Q(y)`` where Q's zero point is the type's least value
+   (exact: both saturate a negative ``y`` to it), as PT2E quantizes a Conv + ReLU output.
 
 Before: ``%y = Cast(Min(Max(Add(Round(Div(Conv(Mul(Sub(Cast(%xq), 128), 0.02), %w_f32), 0.1),
 3), 0), 255), uint8)``. After: ``%y = QConv(%xq, %wq, %w_zp, %bias, %mult, %offset)`` with
@@ -238,7 +240,15 @@ def _quantize(node: Node, rw: Rewriter):
         return None
     chain = [v for v in (div.outputs[0], rnd.outputs[0], add and add.outputs[0], mx.outputs[0],
                          mn.outputs[0]) if v is not None]
-    return div.inputs[0], sy, int(zy), chain
+    y = div.inputs[0]
+    relu = rw.prod(y, "Relu")
+    if relu is not None and zy == info.min:
+        # Q(Relu(y)) = Q(y) where the zero point is the type's least value: a negative y
+        # rounds to at most the zero point and saturates to it, as Relu's 0 does (PT2E
+        # quantizes a Conv + ReLU output so)
+        chain.insert(0, y)
+        y = relu.inputs[0]
+    return y, sy, int(zy), chain
 
 
 def requantize(node: Node, rw: Rewriter) -> Value | None:
@@ -346,7 +356,8 @@ def _dq_chain(rw: Rewriter, v: Value) -> list[Value] | None:
 
 def residual_add(node: Node, rw: Rewriter) -> Value | None:
     # Q(Relu?(DQ(QConv(x)) + DQ(r))) -> QConv(x, ..., r): a QDQ residual block's add, ReLU and
-    # requantization in the convolution's epilogue (CPU; see ops/quant.py for the arithmetic)
+    # requantization in the convolution's epilogue (CPU; see ops/quant.py for the arithmetic);
+    # likewise Q(Relu?(QConv(x)_float + DQ(r))), PT2E's form
     quant = _quantize(node, rw)
     if quant is None or not all(rw.single_use(v) for v in quant[3]):
         return None
@@ -356,23 +367,46 @@ def residual_add(node: Node, rw: Rewriter) -> Value | None:
     if add is None or not rw.single_use(y) or relu is not None and not rw.single_use(add.outputs[0]):
         return None
     for k in (0, 1):
-        d, e = _dequantized(rw, add.inputs[k]), _dequantized(rw, add.inputs[1 - k])
-        conv = rw.prod(d[0], "QConv") if d is not None else None
-        if conv is None or e is None or len(conv.inputs) > 6 or conv.attrs["layout"] != "NHWC":
+        mid = _mid(rw, add.inputs[k])
+        e = _dequantized(rw, add.inputs[1 - k])
+        if mid is None or e is None:
             continue
-        (q, z1, s1), (r, zr, sr) = d, e
-        scalars = [a.size == 1 for a in (z1, s1, zr, sr)]
-        if not (conv.attrs["out_dtype"] in ("uint8", "int8") and r.dtype in QTYPES
-                and tuple(r.shape) == tuple(q.shape) and all(scalars)
-                and z1.item() == conv.attrs["out_zp"] and zr.item() == int(zr.item())
-                and rw.single_use(q) and _dq_chain(rw, add.inputs[k]) is not None):
+        conv, q, mid_attrs = mid
+        r, zr, sr = e
+        if not (r.dtype in QTYPES and tuple(r.shape) == tuple(q.shape) and zr.size == 1
+                and sr.size == 1 and zr.item() == int(zr.item())):
             continue
-        attrs = dict(conv.attrs, out_dtype=node.outputs[0].dtype.name, out_zp=zo,
-                     mid_dtype=conv.attrs["out_dtype"], mid_zp=conv.attrs["out_zp"],
-                     mid_scale=s1.item(), res_zp=int(zr.item()), res_scale=sr.item(),
-                     out_scale=float(so), relu=int(relu is not None))
+        attrs = dict(conv.attrs, out_dtype=node.outputs[0].dtype.name, out_zp=zo, **mid_attrs,
+                     res_zp=int(zr.item()), res_scale=sr.item(), out_scale=float(so),
+                     relu=int(relu is not None))
         return rw.emit("QConv", [*conv.inputs, r], conv.name + "_res", **attrs)
     return None
+
+
+def _mid(rw: Rewriter, v: Value):
+    """The convolution a residual add reads: ``DQ(QConv(x))`` requantized (ONNX Runtime's QDQ
+    form) or ``QConv(x)`` in float32 (PT2E's: no quantization between the convolution and the
+    add) -> (its node, its output, the ``mid_*`` attributes), else None."""
+    conv = rw.prod(v, "QConv")
+    if conv is not None:  # float32 out: the residual adds to the float value itself
+        ok = conv.attrs["out_dtype"] == "float32" and rw.single_use(v)
+        return (conv, v, {"mid_dtype": "float32", "mid_zp": 0, "mid_scale": 1.0}) \
+            if ok and _residual_ready(conv) else None
+    d = _dequantized(rw, v)
+    conv = rw.prod(d[0], "QConv") if d is not None else None
+    if conv is None or not _residual_ready(conv):
+        return None
+    q, z1, s1 = d
+    if not (conv.attrs["out_dtype"] in ("uint8", "int8") and z1.size == 1 and s1.size == 1
+            and z1.item() == conv.attrs["out_zp"] and rw.single_use(q)
+            and _dq_chain(rw, v) is not None):
+        return None
+    return conv, q, {"mid_dtype": conv.attrs["out_dtype"], "mid_zp": conv.attrs["out_zp"],
+                     "mid_scale": s1.item()}
+
+
+def _residual_ready(conv: Node) -> bool:
+    return len(conv.inputs) <= 6 and conv.attrs["layout"] == "NHWC"
 
 
 def fold_residuals(g: Graph, target=None) -> Graph:
