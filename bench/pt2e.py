@@ -30,15 +30,17 @@ from .cpu import interleaved_ms
 from .int8 import _rel_l2, _top1, int8_kernel_count
 
 
-def quantize_pt2e(module, example: tuple, calib: list[tuple], reduce_range: bool = False):
+def quantize_pt2e(module, example: tuple, calib: list[tuple], reduce_range: bool = False,
+                  dynamic: bool = False):
     """``module`` quantized by the PT2E flow (``X86InductorQuantizer`` defaults; 7-bit
-    activations with ``reduce_range``), calibrated on ``calib``, as an exported program."""
+    activations with ``reduce_range``, scales computed as it runs with ``dynamic``),
+    calibrated on ``calib``, as an exported program."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
     quantizer = xiq.X86InductorQuantizer()
     quantizer.set_global(xiq.get_default_x86_inductor_quantization_config(
-        reduce_range=reduce_range))
+        reduce_range=reduce_range, is_dynamic=dynamic))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prepared = prepare_pt2e(torch.export.export(module, example).module(), quantizer)

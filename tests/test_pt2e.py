@@ -55,11 +55,11 @@ class Mlp(nn.Module):
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
 
 
-def _quantized(module, shape, calib: int = 6, reduce_range: bool = False):
+def _quantized(module, shape, calib: int = 6, **options):
     gen = torch.Generator().manual_seed(1)
     example = (torch.randn(shape, generator=gen),)
     return quantize_pt2e(module, example, [(torch.randn(shape, generator=gen),)
-                                           for _ in range(calib)], reduce_range)
+                                           for _ in range(calib)], **options)
 
 
 def _check(ep, shape, contractions: int, target: str = "host"):
@@ -108,3 +108,12 @@ def test_pt2e_reduced_range_clamps_as_written():
     ep = _quantized(_cnn(), (2, 3, 32, 32), reduce_range=True)
     art = _check(ep, (2, 3, 32, 32), contractions=5)
     assert "_res" not in " ".join(k["note"] for k in art.manifest["kernels"])
+
+
+def test_pt2e_dynamic_quantization_runs_in_float():
+    # choose_qparams computes each activation's scale as the program runs: the layers keep the
+    # float decomposition (the int8 pass needs constant scales) and match torch's run
+    ep = _quantized(Mlp(), (2, 8, 64), dynamic=True)
+    targets = {str(n.target) for n in ep.graph.nodes}
+    assert "quantized_decomposed.choose_qparams.tensor" in targets
+    _check(ep, (2, 8, 64), contractions=0)

@@ -11,7 +11,10 @@ contractions (``QConv`` / ``QMatMul``) exactly as it does for an ONNX QDQ model:
                                                             that can round one ulp apart)
     dequantize:  (float(q) - zero_point) * scale
 
-Quantized weights and int32 biases stay deferred constants for the ``int8`` pass. The ops are
+Quantized weights and int32 biases stay deferred constants for the ``int8`` pass. Dynamic
+quantization (``choose_qparams`` computes an activation's scale as the program runs) converts
+too, but its layers keep the float decomposition: the ``int8`` pass needs constant activation
+scales. The ops are
 torch's own (``torch.ao.quantization.fx._decomposed`` registers them); where this torch lacks
 them, nothing is registered and such a program lists them as unsupported.
 """
@@ -71,7 +74,30 @@ def _dequantize(cx, node, q, scale, zp, dtype, out_dtype=None, axis=None):
     return y if out is DType.float32 else cx.cast(y, out)
 
 
+def _choose_qparams(cx, node, x, qmin, qmax, eps):
+    """Dynamic quantization's (scale, zero point) of ``x``, as torch's ``determine_qparams``
+    (per tensor, affine): the range widened to hold 0, ``scale = max(range / (qmax - qmin),
+    eps)``, ``zp = clamp(qmin - round(min / scale), qmin, qmax)``; each of shape ``[1]``."""
+    x = to_f32(cx, x)
+    axes = tuple(range(len(x.shape)))
+    zero = cx.scalar(0.0, DType.float32)
+    lo = cx.op("Min", cx.op("ReduceMin", x, axes=axes, keepdims=0), zero)
+    hi = cx.op("Max", cx.op("ReduceMax", x, axes=axes, keepdims=0), zero)
+    scale = cx.op("Div", cx.op("Sub", hi, lo), cx.scalar(float(qmax - qmin), DType.float32))
+    scale = cx.op("Max", scale, cx.scalar(float(eps), DType.float32))
+    zp = cx.op("Sub", cx.scalar(float(qmin), DType.float32),
+               cx.op("Round", cx.op("Div", lo, scale)))
+    zp = cx.op("Min", cx.op("Max", zp, cx.scalar(float(qmin), DType.float32)),
+               cx.scalar(float(qmax), DType.float32))
+    return [cx.reshape(cx.cast(scale, DType.float64), (1,)),  # torch: double, int64
+            cx.reshape(cx.cast(zp, DType.int64), (1,))]
+
+
 if Q is not None:
+    @aten(Q.choose_qparams.tensor, needs=NEEDS + ("ReduceMin", "ReduceMax"))
+    def convert_choose_qparams(cx, node, x, qmin, qmax, eps, dtype):
+        return _choose_qparams(cx, node, x, qmin, qmax, eps)
+
     @aten(Q.quantize_per_tensor.default, Q.quantize_per_tensor.tensor, needs=NEEDS)
     def convert_quantize_per_tensor(cx, node, x, scale, zp, qmin, qmax, dtype):
         return _quantize(cx, node, x, scale, zp, qmin, qmax, dtype)
