@@ -31,10 +31,11 @@ from .int8 import _rel_l2, _top1, int8_kernel_count
 
 
 def quantize_pt2e(module, example: tuple, calib: list[tuple], reduce_range: bool = False,
-                  dynamic: bool = False):
+                  dynamic: bool = False, dynamic_shapes=None):
     """``module`` quantized by the PT2E flow (``X86InductorQuantizer`` defaults; 7-bit
     activations with ``reduce_range``, scales computed as it runs with ``dynamic``),
-    calibrated on ``calib``, as an exported program."""
+    calibrated on ``calib``, as an exported program (``dynamic_shapes`` as
+    ``torch.export.export`` takes them, for both exports)."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
@@ -43,11 +44,12 @@ def quantize_pt2e(module, example: tuple, calib: list[tuple], reduce_range: bool
         reduce_range=reduce_range, is_dynamic=dynamic))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        prepared = prepare_pt2e(torch.export.export(module, example).module(), quantizer)
+        exported = torch.export.export(module, example, dynamic_shapes=dynamic_shapes)
+        prepared = prepare_pt2e(exported.module(), quantizer)
         for args in calib:
             prepared(*args)
         converted = convert_pt2e(prepared)
-        return torch.export.export(converted, example)
+        return torch.export.export(converted, example, dynamic_shapes=dynamic_shapes)
 
 
 def _inputs(specs, seed: int) -> tuple:

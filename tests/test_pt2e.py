@@ -117,3 +117,23 @@ def test_pt2e_dynamic_quantization_runs_in_float():
     targets = {str(n.target) for n in ep.graph.nodes}
     assert "quantized_decomposed.choose_qparams.tensor" in targets
     _check(ep, (2, 8, 64), contractions=0)
+
+
+def test_pt2e_symbolic_batch_keeps_integer_matmuls():
+    # one artifact for every batch size: the linears' rows are symbolic (the C kernel reads
+    # them at run time), still integer kernels, and each size matches torch's run
+    batch = torch.export.Dim("batch", min=1, max=64)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn((4, 8, 64), generator=gen)
+    ep = quantize_pt2e(Mlp(), (x,), [(torch.randn((4, 8, 64), generator=gen),)],
+                       dynamic_shapes=({0: batch},))
+    art = deploy.compile(ep, target="host")
+    assert int8_kernel_count(art) == 2
+    mod = art.load()
+    for b in (1, 3, 9):
+        xb = np.random.default_rng(b).standard_normal((b, 8, 64)).astype(np.float32)
+        with torch.no_grad():
+            ref = ep.module()(torch.from_numpy(xb)).numpy()
+        got = mod.run({mod.input_specs[0].name: xb})[0]
+        assert got.shape == ref.shape
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 2e-2
