@@ -843,8 +843,9 @@ def _align64(n):
 def _simd_safe(st: Stage) -> bool:
     """Whether the innermost loop of an elementwise stage may carry ``#pragma omp simd``: it
     stores ``out[vars]`` (no scatter, no reduction inside) and every load is contiguous along
-    that loop or invariant in it. gcc 13 leaves long QDQ chains (BERT's GELU between a
-    DequantizeLinear and a QuantizeLinear) scalar without it: 16 ms against 1.4 ms."""
+    that loop or invariant in it, or a 32-bit gather from another buffer (a lookup table,
+    ``graph_ir/passes/lut.py``: vector gathers). gcc 13 leaves long QDQ chains (BERT's GELU
+    between a DequantizeLinear and a QuantizeLinear) scalar without it: 16 ms against 1.4 ms."""
     if st.store_index is not None or not st.vars or any(isinstance(x, Reduce)
                                                         for x in walk(st.body)):
         return False
@@ -855,6 +856,8 @@ def _simd_safe(st: Stage) -> bool:
         if x.buf == st.out and x.index != tuple(st.vars):
             return False
         coeffs = [affine_coeff(i, v) for i in x.index]
+        if None in coeffs and x.buf != st.out and x.dtype.np.itemsize == 4:
+            continue
         if None in coeffs or any(coeffs[:-1]) or (coeffs and coeffs[-1] not in (0, 1)):
             return False
     return True

@@ -20,6 +20,7 @@ from .fold import fold_constants
 from .fold_affine import fold_affine
 from .fuse import fuse
 from .layout import layout
+from .lut import byte_tables
 from .merge import merge_projections
 from .packed import pack_bf16
 from .precision import convert_precision
@@ -33,6 +34,7 @@ PIPELINE = [
     ("fold", fold_constants),  # all-constant nodes -> constants (via the op references)
     ("cse", cse),  # one node per distinct computation
     ("dce", dce),  # drop what no output needs
+    ("int8_lut", byte_tables),  # elementwise chains of one byte -> 256-entry tables (CPU)
     ("fold_affine", fold_affine),  # BatchNorm (per-channel x*s+t) into conv weights and bias
     ("merge", merge_projections),  # sibling MatMuls of one input (q, k, v) -> one wider GEMM
     ("layout", layout),  # NHWC convolutions and pools where the target prefers them

@@ -19,8 +19,11 @@ mv = ops.movement
 
 def wrap(index: Expr, n: int) -> Expr:
     """ONNX negative index -> i + n; then clamped into [0, n) so a bad index never reads
-    outside the buffer."""
+    outside the buffer. A byte indexing a table of 256 or more needs neither (a lookup table,
+    ``graph_ir/passes/lut.py``)."""
     i = cast(index, INDEX)
+    if index.dtype is DType.uint8 and isinstance(n, int) and n >= 256:
+        return i
     i = select(i < 0, i + n, i)
     return binary(B.MIN, binary(B.MAX, i, 0), max(n - 1, 0))
 
