@@ -102,7 +102,7 @@ def _lookup(consts: dict, n: Node, leaf: Value, table: np.ndarray) -> list[Node]
     """``Cast(Gather(table, leaf))`` with the table widened to int32 (compilers vectorize a
     lookup of 32-bit entries: AVX2 and AVX-512 gathers; there is no byte gather); an int8 leaf
     indexes by its bit pattern (a Cast to uint8)."""
-    out, cast, gather = n.outputs[0], get("Cast"), get("Gather")
+    out, gather = n.outputs[0], get("Gather")
     tv = Value(f"{n.name}_lut", TensorType((256,), DType.int32))
     consts[tv] = np.ascontiguousarray(table.astype(np.int32))
     nodes, idx = [], leaf
