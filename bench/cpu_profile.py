@@ -156,6 +156,12 @@ def main() -> int:
     mod = load(a.artifact)
     feed = _feed(mod, dims)
     whole = _median_ms(lambda: mod.run(feed), a.runs)
+    if a.json:  # before the table: a reader that stops early (| head) must not lose it
+        with open(a.json, "w") as f:
+            json.dump([{"symbol": step["symbol"], "node": step.get("node"), "ms": ms,
+                        "in_order_ms": ordered[step["symbol"]], "note": k["note"],
+                        "schedule": [str(x) for x in k["schedule"]]}
+                       for ms, step, k in rows], f, indent=1)
     print(f"{len(rows)} kernels: each alone {total:.2f} ms, in plan order "
           f"{sum(ordered.values()):.2f} ms; whole plan {whole:.2f} ms")
     print("| ms | % | in order ms | GFLOP/s | kernel | note | schedule |\n"
@@ -166,12 +172,6 @@ def main() -> int:
         rate = "-" if mod._program is not None else f"{rate:.0f}"  # work at the size hints
         print(f"| {ms:.3f} | {100 * ms / total:.1f} | {ordered[step['symbol']]:.3f} | {rate} | "
               f"{step['symbol']} | {k['note'][:60]} | {sched[:90]} |")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump([{"symbol": step["symbol"], "node": step.get("node"), "ms": ms,
-                        "in_order_ms": ordered[step["symbol"]], "note": k["note"],
-                        "schedule": [str(x) for x in k["schedule"]]}
-                       for ms, step, k in rows], f, indent=1)
     return 0
 
 

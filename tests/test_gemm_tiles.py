@@ -2,7 +2,7 @@
 a multiprocessor where 64-row ones were chosen and 128-row ones fill one to two waves."""
 from __future__ import annotations
 
-from deploy.backends.triton.config import PAIR_RESERVE, gemm_config
+from deploy.backends.triton.config import PAIR_RESERVE, fp8_gemm_config, gemm_config
 from deploy.targets import load_target
 
 H100 = load_target("h100")
@@ -30,3 +30,15 @@ def test_pairing_keeps_out_of_other_cases():
     a100 = gemm_config(4096, 768, 3072, load_target("a100"), half=True, plain=True)
     assert (a100.bm, a100.bn) != (128, 128)
     assert gemm_config(4096, 768, 3072, H100, tf32=True).bm == 64
+
+
+def test_fp8_tiles_keep_the_pairing():
+    # the same projections in fp8 (BK 128, one byte per element) still fit two programs per
+    # multiprocessor; an unpaired tile keeps the deeper pipeline
+    for k in (768, 3072):
+        cfg = fp8_gemm_config(gemm_config(4096, 768, k, H100, half=True, plain=True), k, H100)
+        assert cfg.bk == 128 and cfg.num_stages >= 2
+        assert 2 * ((cfg.bm + cfg.bn) * cfg.bk * cfg.num_stages + PAIR_RESERVE) \
+            <= H100.shared_mem_per_sm
+    qkv = gemm_config(4096, 2304, 768, H100, half=True, plain=True)
+    assert fp8_gemm_config(qkv, 768, H100).num_stages == 4

@@ -293,12 +293,16 @@ def tma_ok(target, half: bool, batch: int, plain: bool) -> bool:
 
 def fp8_gemm_config(cfg: GemmConfig, k: int, target) -> GemmConfig:
     """A half-precision tile's configuration for 1-byte (fp8) operands: BK twice as long (up to
-    128, at most K; wgmma takes 32 of an 8-bit K per instruction) and the stages that fit."""
+    128, at most K; wgmma takes 32 of an 8-bit K per instruction) and the stages that fit. A
+    tile whose pipeline two programs shared a multiprocessor with (``_paired``) keeps that."""
     bk = max(32, min(128, pow2(k), cfg.bk * 2))
     if k % bk and k % (bk // 2) == 0 and bk // 2 >= 32:
         bk //= 2
     per_stage = (cfg.bm + cfg.bn) * bk
     budget = _shared(target) * 3 // 4 if _shared(target) > DEFAULT_SHARED else _shared(target)
+    per_sm = int(getattr(target, "shared_mem_per_sm", 0) or _shared(target))
+    if cfg.bm >= 128 and (cfg.bm + cfg.bn) * cfg.bk * 2 * cfg.num_stages <= per_sm // 2 - PAIR_RESERVE:
+        budget = per_sm // 2 - PAIR_RESERVE
     return dataclasses.replace(cfg, bk=bk, num_stages=max(2, min(4, budget // per_stage)))
 
 
