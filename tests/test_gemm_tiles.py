@@ -42,3 +42,16 @@ def test_fp8_tiles_keep_the_pairing():
             <= H100.shared_mem_per_sm
     qkv = gemm_config(4096, 2304, 768, H100, half=True, plain=True)
     assert fp8_gemm_config(qkv, 768, H100).num_stages == 4
+
+
+def test_fp8_gelu_gemm_takes_paired_128_square_tiles():
+    # BERT-base's FFN1 + GELU: 128 x 256 in fp16; in fp8 its main loop is short enough that two
+    # 128 x 128 programs per multiprocessor, each epilogue under the other's loop, beat it
+    half = gemm_config(4096, 3072, 768, H100, half=True, plain=True, heavy_epilogue=True)
+    assert (half.bm, half.bn) == (128, 256)
+    cfg = fp8_gemm_config(half, 768, H100, heavy_epilogue=True)
+    assert (cfg.bm, cfg.bn, cfg.bk, cfg.tma) == (128, 128, 128, False)
+    assert 2 * ((cfg.bm + cfg.bn) * cfg.bk * cfg.num_stages + PAIR_RESERVE) \
+        <= H100.shared_mem_per_sm
+    # without a costly epilogue the wide tile stays
+    assert fp8_gemm_config(half, 768, H100).bn == 256

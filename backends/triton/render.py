@@ -152,13 +152,14 @@ class StageRenderer:
             return self.serial(st)
         contraction = contraction_of(st)
         if contraction is not None:
+            heavy = heavy_epilogue(st)
             cfg = gemm_config(hint(contraction.m), hint(contraction.n), hint(contraction.k),
                               self.parent.target, contraction.half, tf32=self.parent.allow_tf32,
                               batch=hint(_numel([st.extents[k] for k in contraction.outer])),
-                              tuned=self.tuned, heavy_epilogue=heavy_epilogue(st),
+                              tuned=self.tuned, heavy_epilogue=heavy,
                               plain=self._matrices(st, contraction) is not None)
             if cfg is not None and contraction.fp8 and not self.tuned:
-                cfg = fp8_gemm_config(cfg, hint(contraction.k), self.parent.target)
+                cfg = fp8_gemm_config(cfg, hint(contraction.k), self.parent.target, heavy)
             if cfg is not None:
                 return self.gemm(st, contraction, cfg)
         if any(isinstance(x, Reduce) for x in walk(st.body)):
