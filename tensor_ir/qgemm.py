@@ -46,7 +46,7 @@ class QGemmSpec:
     weight_layout: str = "KN"  # the graph's weight: KN (a MatMul's), OIHW or HWIO
     path: str = ""  # the kernels that run it (the target's int8_path), set by the backend
     kind: str = "int8"  # or "bf16", or "fp32" (a float32 Winograd convolution)
-    algo: str = "gemm"  # or "winograd": F(tile x tile, 3x3) (a PackedConv's algo), or
+    algo: str = "gemm"  # or "bmm" (below), "winograd": F(tile x tile, 3x3) (a PackedConv's algo), or
     # "expand_dw" (an ExpandDepthwise: k = c the expansion's, n its channels, the window and
     # oh, ow the depthwise convolution's; act / lo / hi the expansion's clamp)
     tile: int = 2  # Winograd's outputs per tile side: 2 or 4
@@ -70,6 +70,12 @@ class QGemmSpec:
     res_scale: float = 1.0
     out_scale: float = 1.0
     relu: bool = False
+    # algo "bmm" (a QBatchMatMul): ``batch`` products of run-time operands, x [batch, m, k] by
+    # the second input [batch, k, n] (bytes, zero point w_zp, int8 when w_signed), times scale
+    batch: int = 1
+    w_zp: int = 0
+    w_signed: bool = False
+    scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ class QGemmStage(Stage):
 
     @property
     def flops(self) -> int:
-        return 2 * self.spec.m * self.spec.n * self.spec.k
+        return 2 * self.spec.batch * self.spec.m * self.spec.n * self.spec.k
 
 
 def _strides(shape) -> tuple[int, ...]:
@@ -96,6 +102,16 @@ def qgemm_spec(ctx) -> QGemmSpec:
     node, x, out = ctx.node, ctx.ins[0], ctx.out
     if node.op.name == "ExpandDepthwise":
         return _expand_dw_spec(ctx)
+    if node.op.name == "QBatchMatMul":
+        *lead, m, k = x.shape
+        n, batch = ctx.ins[1].shape[-1], 1
+        for d in lead:
+            batch *= d
+        return QGemmSpec(m=m, n=n, k=k, c=k, x_signed=x.dtype is DType.int8,
+                         x_zp=int(ctx.attr("a_zp")), out="float32", out_zp=0,
+                         x_strides=(k, 0, 0, 1), out_strides=(n, 0, 1), algo="bmm", batch=batch,
+                         w_zp=int(ctx.attr("b_zp")), w_signed=ctx.ins[1].dtype is DType.int8,
+                         scale=float(ctx.attr("scale")))
     if node.op.name.startswith("Packed"):
         kind = "fp32" if x.dtype is DType.float32 else "bf16"
         common = {"x_signed": False, "x_zp": 0, "out": ctx.attr("out"), "out_zp": 0, "kind": kind,

@@ -23,6 +23,8 @@
    even). */
 #ifdef __AVX2__
 #include <immintrin.h>
+#elif defined(__SSE2__)
+#include <emmintrin.h>
 #endif
 #ifdef _OPENMP
 #include <omp.h>
@@ -1007,6 +1009,15 @@ static void dp_q_dconv(const dp_qgeom* g, const void* x, const dp_qargs* q) {
 }
 #endif
 
+/* inside a parallel region (dp_qbmm's batches) a product runs on its thread alone */
+static inline int dp_q_nested(void) {
+#ifdef _OPENMP
+  return omp_in_parallel();
+#else
+  return 0;
+#endif
+}
+
 /* the whole contraction, in chunks of rows: the threads pack a chunk's rows together (unless
    they are read in place), then share its tiles of (mc rows, a run of panels) */
 /* not inlined or cloned per call site: one copy serves every kernel (a clone per constant
@@ -1059,7 +1070,7 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
   ppt = ppt > panels ? panels : ppt;
   nsplit = (panels + ppt - 1) / ppt;
   const int big = g->m * g->n * g->kp > 65536;
-#pragma omp parallel if (big && (mblocks * nsplit > 1 || g->m > ch))
+#pragma omp parallel if (big && (mblocks * nsplit > 1 || g->m > ch) && !dp_q_nested())
   for (int64_t m0c = 0; m0c < g->m; m0c += ch) {
     const int64_t rows_c = g->m - m0c < ch ? g->m - m0c : ch;
     const char* a = direct ? (const char*)x + m0c * rowb : shared;  /* rowb: a row's bytes */
@@ -1083,4 +1094,93 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
                rsum ? rsum + m0 : NULL, local);
     }
   }
+}
+
+/* ---- products of two run-time byte tensors (QBatchMatMul: a QDQ attention's q k^T, p v) ----
+   The threads share the batches (a BERT layer's 12 heads), each product on one thread: its
+   second operand b[k][n] packed as the vnni weights are ([n/16][kp/4][16][4] int8: uint8 b as
+   b ^ 0x80, i.e. b - 128, its zero point b_zp - 128) into the thread's buffer, with its column
+   terms (corr) and a zero-point vector for the row term; then dp_qgemm (serial inside this
+   parallel region) runs it: float32(acc) * scale into out[batch][m][n]. */
+static __thread char* dp_qb_buf;
+static __thread size_t dp_qb_cap;
+
+static int32_t dp_qb_signed_colsum(const uint8_t* bb, int64_t k, int64_t n, int64_t j) {
+  int32_t s = 0;
+  for (int64_t kk = 0; kk < k; kk++) s += (int8_t)bb[kk * n + j];
+  return s;
+}
+
+#ifdef __SSE2__
+/* b's rows 4q..4q+3, columns 16p..16p+15 -> the 64 bytes of (panel p, quad q): column c's
+   four k values at 4c (two rounds of byte and word interleaving) */
+static void dp_qb_pack4x16(const uint8_t* bb, int64_t k, int64_t n, int64_t kq, uint8_t flip,
+                           int8_t* w) {
+  const __m128i f = _mm_set1_epi8((char)flip);
+  for (int64_t q = 0; q < k / 4; q++)
+    for (int64_t p = 0; p < n / DP_QNR; p++) {
+      const uint8_t* src = bb + 4 * q * n + p * DP_QNR;
+      __m128i r0 = _mm_xor_si128(_mm_loadu_si128((const __m128i*)src), f);
+      __m128i r1 = _mm_xor_si128(_mm_loadu_si128((const __m128i*)(src + n)), f);
+      __m128i r2 = _mm_xor_si128(_mm_loadu_si128((const __m128i*)(src + 2 * n)), f);
+      __m128i r3 = _mm_xor_si128(_mm_loadu_si128((const __m128i*)(src + 3 * n)), f);
+      __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
+      __m128i t2 = _mm_unpacklo_epi8(r2, r3), t3 = _mm_unpackhi_epi8(r2, r3);
+      __m128i* dst = (__m128i*)(w + (p * kq + q) * (DP_QNR * 4));
+      _mm_storeu_si128(dst, _mm_unpacklo_epi16(t0, t2));
+      _mm_storeu_si128(dst + 1, _mm_unpackhi_epi16(t0, t2));
+      _mm_storeu_si128(dst + 2, _mm_unpacklo_epi16(t1, t3));
+      _mm_storeu_si128(dst + 3, _mm_unpackhi_epi16(t1, t3));
+    }
+}
+#endif
+
+static void dp_qbmm_one(const dp_qgeom* g, const uint8_t* a, const uint8_t* bb, int32_t zw,
+                        uint8_t flip, float scale, float* out) {
+  const int64_t n = g->n, k = g->c, kp = g->kp, np_ = g->np, kq = kp / 4;
+  const int32_t zx = g->x_zp + (g->x_signed ? 128 : 0);
+  const size_t wbytes = ((size_t)kp * np_ + 63) / 64 * 64;
+  char* buf = (char*)dp_grow(&dp_qb_buf, &dp_qb_cap, wbytes + (size_t)np_ * 16 + 64);
+  if (!buf) return;
+  int8_t* w = (int8_t*)buf;
+  int32_t* corr = (int32_t*)(buf + wbytes);
+  int32_t* zwv = corr + np_;
+  float* mult = (float*)(zwv + np_);
+  float* off = mult + np_;
+  memset(w, 0, (size_t)kp * np_);
+  for (int64_t j = 0; j < np_; j++) {
+    corr[j] = 0;
+    zwv[j] = zw;
+    mult[j] = scale;
+    off[j] = 0.0f;
+  }
+  for (int64_t kk = 0; kk < k; kk++)  /* column sums of b (contiguous rows: vector code) */
+    for (int64_t j = 0; j < n; j++) corr[j] += bb[kk * n + j];
+  if (flip)
+    for (int64_t j = 0; j < n; j++) corr[j] -= 128 * (int32_t)k;
+  else  /* an int8 b: its bytes' sums were read unsigned */
+    for (int64_t j = 0; j < n; j++) corr[j] = dp_qb_signed_colsum(bb, k, n, j);
+#ifdef __SSE2__
+  const int fast = n % DP_QNR == 0 && k % 4 == 0;
+#else
+  const int fast = 0;
+#endif
+  if (fast) dp_qb_pack4x16(bb, k, n, kq, flip, w);
+  for (int64_t kk = 0; kk < (fast ? 0 : k); kk++) {
+    int8_t* wk = w + kk / 4 * (DP_QNR * 4) + kk % 4;
+    for (int64_t j = 0; j < n; j++)
+      wk[(j / DP_QNR) * kq * (DP_QNR * 4) + (j % DP_QNR) * 4] = (int8_t)(bb[kk * n + j] ^ flip);
+  }
+  for (int64_t j = 0; j < np_; j++) corr[j] = -zx * corr[j] + (int32_t)kp * zx * zw;
+  dp_qgemm(g, a, w, corr, mult, off, zw ? zwv : NULL, NULL, out);
+}
+
+__attribute__((noinline, noclone))
+static void dp_qbmm(const dp_qgeom* g, int64_t batch, const void* a, const void* b, int32_t b_zp,
+                    int b_signed, float scale, float* out) {
+  const int64_t m = g->m, n = g->n, k = g->c;
+#pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
+  for (int64_t bi = 0; bi < batch; bi++)
+    dp_qbmm_one(g, (const uint8_t*)a + bi * m * k, (const uint8_t*)b + bi * k * n,
+                b_signed ? b_zp : b_zp - 128, b_signed ? 0 : 0x80, scale, out + bi * m * n);
 }

@@ -1,5 +1,6 @@
 """C rendering of ``QGemmStage`` (tensor_ir/qgemm.py): weights packed at compile time for the
-target's int8 path, then one call of ``dp_qgemm`` (``qgemm.h``) per kernel.
+target's int8 path, then one call of ``dp_qgemm`` (``qgemm.h``) per kernel; a ``QBatchMatMul``
+(``algo="bmm"``) calls ``dp_qbmm``, which packs each batch's second operand as it runs.
 
 Packed weight layouts (``DP_QNR`` = 16 columns per panel, zero-padded):
 
@@ -119,6 +120,12 @@ def pack_kernel(k, step: dict, plan, target_path: str):
     st = next((s for s in k.stages if isinstance(s, QGemmStage)), None)
     if st is None or st.spec.path:
         return k
+    if st.spec.algo == "bmm":  # run-time operands: packed by dp_qbmm as it runs
+        b = k.inputs[1]
+        stage = dataclasses.replace(st, spec=dataclasses.replace(st.spec, path="vnni"),
+                                    weights=("b",))
+        return dataclasses.replace(k, inputs=[k.inputs[0], Buffer("qb", b.shape, b.dtype)],
+                                   stages=[stage])
     if st.spec.algo == "winograd":
         path = f"winograd-f{st.spec.tile}x{st.spec.tile}"
         packed = pack_winograd(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]])
@@ -161,6 +168,16 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     if s.algo == "expand_dw":
         return render_expand_dw(st, names, out)
     kp, np_ = padded_k(s.path, s.k), -(-s.n // NR) * NR
+    if s.algo == "bmm":
+        geom = [s.m, s.n, kp, np_, 1, 1, 1, 1, s.k, 1, 1, 1, 1, 0, 0, 1, 1, *s.x_strides,
+                *s.out_strides, s.x_zp, 0, int(s.x_signed), OUT_CODE["float32"],
+                PATH_CODE[s.path], 0]
+        fields = [str(int(v)) for v in geom] + ["0.0f", "0.0f", "0", "0", "0", "0", "0",
+                                                  "1.0f", "1.0f", "1.0f"]
+        return [f"  /* int8 {s.path}: {s.batch} x ({s.m} x {s.n} x {s.k}), run-time operands */",
+                f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};",
+                f"  dp_qbmm(&g_, {s.batch}, {names['x']}, {names['b']}, {s.w_zp}, "
+                f"{int(s.w_signed)}, {_float(s.scale)}, {out});"]
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
             OUT_CODE[s.out], PATH_CODE[s.path], ACT_CODE[s.act]]

@@ -181,7 +181,7 @@ class CRenderer:
     # ---- module / kernel ---------------------------------------------------------------
     def module(self, rendered: list[str]) -> str:
         body = "\n".join(rendered)
-        return (PRELUDE + "\n" + (QGEMM_H + "\n" if "dp_qgemm(" in body else "")
+        return (PRELUDE + "\n" + (QGEMM_H + "\n" if "dp_qgemm(" in body or "dp_qbmm(" in body else "")
                 + (WINOGRAD_H + "\n" if "dp_wino(" in body or "dp_expand_dw(" in body else "")
                 + (EXPAND_DW_H + "\n" if "dp_expand_dw(" in body else "")
                 + (DOT_INCLUDE if "_mm512_dpbf16_ps(" in body else "") + body)

@@ -15,6 +15,9 @@ The ``int8`` pass (``graph_ir/passes/quantized.py``) makes them from a QDQ model
 ``saturate(round_half_even(v) + out_zp)`` (``mult`` and ``offset`` then already divided by the
 output scale), as ONNX Runtime's QLinearConv / QLinearMatMul requantize.
 
+``QBatchMatMul(a, b)``: both operands run-time bytes (a QDQ attention's ``q k^T`` and ``p v``),
+``float32(sum_k (a - a_zp) * (b - b_zp)) * scale`` per batch (the leading dims, equal in both).
+
 A QConv may take a seventh input ``r`` (uint8 / int8, the output's shape and layout: a QDQ
 residual, ``fold_residuals``): its requantized value ``q`` (``mid_dtype``, zero point ``mid_zp``;
 with ``mid_dtype`` float32 its float value ``v`` itself, ``mid_zp`` 0 and ``mid_scale`` 1, as
@@ -74,6 +77,27 @@ QMatMul = define("QMatMul", Kind.OPAQUE, _qmatmul_shape, _out_dtype, _qmatmul_re
                  x_zp=0, out_dtype="float32", out_zp=0,
                  doc="x[..., K] @ w[K, N] in integers (zero points subtracted), then "
                      "float(acc + bias) * mult + offset, requantized unless out_dtype is float32.")
+
+
+def _qbmm_shape(ins, attrs):
+    a, b = ins[0], ins[1]
+    if len(a.shape) < 2 or len(b.shape) != len(a.shape) or a.shape[-1] != b.shape[-2] \
+            or tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
+        raise ValueError(f"QBatchMatMul: a {list(a.shape)} @ b {list(b.shape)}: [..., M, K] @ "
+                         f"[..., K, N] with the same batch dims")
+    return [tuple(a.shape[:-1]) + (b.shape[-1],)]
+
+
+def _qbmm_ref(ins, attrs):
+    a = ins[0].astype(np.int64) - attrs["a_zp"]
+    b = ins[1].astype(np.int64) - attrs["b_zp"]
+    return [np.matmul(a, b).astype(np.float32) * np.float32(attrs["scale"])]
+
+
+QBatchMatMul = define("QBatchMatMul", Kind.OPAQUE, _qbmm_shape, lambda ins, attrs: [DType.float32],
+                      _qbmm_ref, a_zp=0, b_zp=0, scale=1.0,
+                      doc="a[..., M, K] @ b[..., K, N], both run-time uint8 / int8 tensors with "
+                          "per-tensor zero points: float32(acc) * scale, acc exact in integers.")
 
 
 def _qconv_shape(ins, attrs):

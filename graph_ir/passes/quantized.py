@@ -17,7 +17,11 @@ constants) until this pass has looked at them. The rules, tried to a fixpoint:
    ``Q(DQ(q, s, z), s, z)`` -> ``q``;
 5. ``MaxPool(DQ(q))`` -> ``DQ(MaxPool(q))`` (DQ is increasing): the pool reads bytes;
 6. in rule 3, ``Q(Relu(y))`` counts as ``Q(y)`` where Q's zero point is the type's least value
-   (exact: both saturate a negative ``y`` to it), as PT2E quantizes a Conv + ReLU output.
+   (exact: both saturate a negative ``y`` to it), as PT2E quantizes a Conv + ReLU output;
+7. on CPU targets with u8 x s8 dot products (``vnni``, ``amx``): ``MatMul(DQ(a), DQ(b))`` with
+   both operands run-time bytes (through Transpose / Reshape, moved onto the bytes) ->
+   ``QBatchMatMul(a, b)``, ``float32(sum (a - za)(b - zb)) * sa * sb``: a QDQ attention's two
+   products in integers (the graph's float sums of float products agree to rounding).
 
 Before: ``%y = Cast(Min(Max(Add(Round(Div(Conv(Mul(Sub(Cast(%xq), 128), 0.02), %w_f32), 0.1),
 3), 0), 255), uint8)``. After: ``%y = QConv(%xq, %wq, %w_zp, %bias, %mult, %offset)`` with
@@ -38,6 +42,7 @@ from .rewrite import Rewriter, rewrite
 
 QTYPES = (DType.uint8, DType.int8)
 QOPS = ("QMatMul", "QConv")
+BYTE_DOT_PATHS = ("vnni", "amx")  # int8 paths whose kernels take QBatchMatMul (qgemm.h dp_qbmm)
 
 
 def _scalar(rw: Rewriter, v: Value | None) -> float | None:
@@ -152,6 +157,38 @@ def contraction(node: Node, rw: Rewriter, symbolic_rows: bool = False) -> Value 
         attrs = {k: node.attrs[k] for k in ("strides", "pads", "dilations")}
         return rw.emit("QConv", ins, node.name, x_zp=x_zp, **attrs)
     return rw.emit("QMatMul", ins, node.name, x_zp=x_zp)
+
+
+def _moved_activation(rw: Rewriter, v: Value):
+    """``Transpose/Reshape*(DQ(q))``, a run-time uint8 / int8 ``q`` per tensor -> (the same
+    movement emitted on the bytes, zp, scale), else None."""
+    moves = []
+    while (m := rw.prod(v)) is not None and m.op.name in MOVES and len(m.inputs) == 1:
+        moves.append(m)
+        v = m.inputs[0]
+    d = _activation(rw, v)
+    if d is None:
+        return None
+    q, zp, s = d
+    for m in reversed(moves):
+        q = rw.emit(m.op.name, [q], m.name + "_q", **m.attrs)
+    return q, zp, s
+
+
+def batch_matmul(node: Node, rw: Rewriter) -> Value | None:
+    # MatMul(DQ(a), DQ(b)) with both operands run-time bytes (a QDQ attention's q k^T and p v,
+    # through the heads' transposes) -> QBatchMatMul(a, b): exact integer sums, one scale
+    if not all(isinstance(d, int) for v in node.inputs for d in v.shape) or \
+            len(node.inputs[0].shape) < 2 or len(node.inputs[0].shape) != len(node.inputs[1].shape):
+        return None
+    if rw.const(node.inputs[1]) is not None or _evaluate(rw, node.inputs[1], 2) is not None:
+        return None
+    a, b = _moved_activation(rw, node.inputs[0]), _moved_activation(rw, node.inputs[1])
+    if a is None or b is None:
+        return None
+    (qa, za, sa), (qb, zb, sb) = a, b
+    return rw.emit("QBatchMatMul", [qa, qb], node.name, a_zp=za, b_zp=zb,
+                   scale=float(np.float32(sa) * np.float32(sb)))
 
 
 def _like(arr: np.ndarray, v: Value):
@@ -432,5 +469,7 @@ def fold_qdq(g: Graph, target=None) -> Graph:
     if target.kind == "cpu":  # the C template takes a MatMul's rows from the dims
         rules = [(op, functools.partial(contraction, symbolic_rows=True) if fn is contraction
                   else fn) for op, fn in RULES]
+        if target.int8_path(target.cpu_isa()) in BYTE_DOT_PATHS:  # run-time operands, vpdpbusd
+            rules.append(("MatMul", batch_matmul))
     g, fired = rewrite(g, rules)
     return dce(g) if fired else g

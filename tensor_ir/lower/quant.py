@@ -1,16 +1,16 @@
-"""Lowering of the integer contractions (``QMatMul``, ``QConv``), the packed bf16 ones
+"""Lowering of the integer contractions (``QMatMul``, ``QBatchMatMul``, ``QConv``), the packed bf16 ones
 (``PackedMatMul``, ``PackedConv``) and ``ExpandDepthwise``: one ``QGemmStage`` each."""
 from __future__ import annotations
 
 from ...graph_ir.ops.packed import ExpandDepthwise, PackedConv, PackedMatMul
-from ...graph_ir.ops.quant import QConv, QMatMul
+from ...graph_ir.ops.quant import QBatchMatMul, QConv, QMatMul
 from ..expr import Const
 from ..kernel import Stage, domain_vars
 from ..qgemm import QGemmStage, qgemm_spec
 from .registry import LowerCtx, lowering
 
 
-@lowering(QMatMul, QConv, PackedMatMul, PackedConv, ExpandDepthwise)
+@lowering(QMatMul, QBatchMatMul, QConv, PackedMatMul, PackedConv, ExpandDepthwise)
 def lower_qgemm(ctx: LowerCtx) -> list[Stage]:
     out = ctx.out
     return [QGemmStage(out.name, domain_vars(out.shape), tuple(out.shape), Const(0, out.dtype),
