@@ -174,10 +174,10 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
                 PATH_CODE[s.path], 0]
         fields = [str(int(v)) for v in geom] + ["0.0f", "0.0f", "0", "0", "0", "0", "0",
                                                   "1.0f", "1.0f", "1.0f"]
+        call = (f"  dp_qbmm(&g_, {s.batch}, {names['x']}, {names['b']}, {s.w_zp}, "
+                f"{int(s.w_signed)}, {_float(s.scale)}, {out});")
         return [f"  /* int8 {s.path}: {s.batch} x ({s.m} x {s.n} x {s.k}), run-time operands */",
-                f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};",
-                f"  dp_qbmm(&g_, {s.batch}, {names['x']}, {names['b']}, {s.w_zp}, "
-                f"{int(s.w_signed)}, {_float(s.scale)}, {out});"]
+                f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};", call]
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
             OUT_CODE[s.out], PATH_CODE[s.path], ACT_CODE[s.act]]
