@@ -169,15 +169,7 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
         return render_expand_dw(st, names, out)
     kp, np_ = padded_k(s.path, s.k), -(-s.n // NR) * NR
     if s.algo == "bmm":
-        geom = [s.m, s.n, kp, np_, 1, 1, 1, 1, s.k, 1, 1, 1, 1, 0, 0, 1, 1, *s.x_strides,
-                *s.out_strides, s.x_zp, 0, int(s.x_signed), OUT_CODE["float32"],
-                PATH_CODE[s.path], 0]
-        fields = [str(int(v)) for v in geom] + ["0.0f", "0.0f", "0", "0", "0", "0", "0",
-                                                  "1.0f", "1.0f", "1.0f"]
-        call = (f"  dp_qbmm(&g_, {s.batch}, {names['x']}, {names['b']}, {s.w_zp}, "
-                f"{int(s.w_signed)}, {_float(s.scale)}, {out});")
-        return [f"  /* int8 {s.path}: {s.batch} x ({s.m} x {s.n} x {s.k}), run-time operands */",
-                f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};", call]
+        return _render_bmm(s, kp, np_, names, out)
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
             *s.dilation, *s.x_strides, *s.out_strides, s.x_zp, s.out_zp, int(s.x_signed),
             OUT_CODE[s.out], PATH_CODE[s.path], ACT_CODE[s.act]]
@@ -197,3 +189,15 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
         lines.append(f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};")
     return lines + [f"  dp_qgemm(&g_, {', '.join(args)}, {out});"]
 
+
+def _render_bmm(s, kp: int, np_: int, names: dict[str, str], out: str) -> list[str]:
+    """The call of ``dp_qbmm`` (a QBatchMatMul): a MatMul geometry, float32 out."""
+    geom = [s.m, s.n, kp, np_, 1, 1, 1, 1, s.k, 1, 1, 1, 1, 0, 0, 1, 1, *s.x_strides,
+            *s.out_strides, s.x_zp, 0, int(s.x_signed), OUT_CODE["float32"],
+            PATH_CODE[s.path], 0]
+    fields = [str(int(v)) for v in geom] + ["0.0f", "0.0f", "0", "0", "0", "0", "0",
+                                              "1.0f", "1.0f", "1.0f"]
+    call = (f"  dp_qbmm(&g_, {s.batch}, {names['x']}, {names['b']}, {s.w_zp}, "
+            f"{int(s.w_signed)}, {_float(s.scale)}, {out});")
+    return [f"  /* int8 {s.path}: {s.batch} x ({s.m} x {s.n} x {s.k}), run-time operands */",
+            f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};", call]
