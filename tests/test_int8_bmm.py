@@ -56,8 +56,8 @@ def _notes(art) -> str:
     return " | ".join(k.get("note", "") for k in art.manifest["kernels"])
 
 
-@pytest.mark.parametrize("act", [np.uint8, np.int8])
-def test_product_of_two_quantized_activations(act, tmp_path):
+@pytest.mark.parametrize("act,path", [(np.uint8, "vnni"), (np.int8, "vnni"), (np.uint8, "amx")])
+def test_product_of_two_quantized_activations(act, path, tmp_path):
     # b arrives [batch, n, heads, k] and is transposed to [batch, heads, k, n] after its DQ (as
     # BERT's keys are): the transpose moves to the bytes
     inits, nodes = {}, []
@@ -70,7 +70,7 @@ def test_product_of_two_quantized_activations(act, tmp_path):
                        [("y", np.float32, None)], inits, opset=17)
     feeds = {"a": RNG.uniform(-2.5, 3.5, (1, 3, 20, 36)).astype(np.float32),
              "b": RNG.uniform(-2.0, 3.0, (1, 24, 3, 36)).astype(np.float32)}
-    art = deploy.compile(model, target=_target(tmp_path, "vnni"))
+    art = deploy.compile(model, target=_target(tmp_path, path))
     assert "QBatchMatMul" in _notes(art) and "contraction" not in _notes(art), _notes(art)
     ours = art.load().run(feeds)[0]
     ref = _as_written(model, feeds)
