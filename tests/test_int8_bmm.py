@@ -131,3 +131,24 @@ def test_other_int8_paths_keep_float_products(tmp_path):
     diff = np.abs(art.load().run(feeds)[0].astype(np.int32)
                   - _as_written(model, feeds).astype(np.int32))
     assert diff.max() <= 1 and np.mean(diff != 0) <= 1e-2
+
+
+@pytest.mark.parametrize("m,k,n,zb", [(7, 30, 20, 3), (5, 6, 17, 200), (33, 130, 40, 128)])
+def test_odd_sizes_are_exact(m, k, n, zb, tmp_path):
+    # k not a multiple of 4, n not of 16 (the packing's scalar path), zero points on both sides
+    # and none on b (128: the row term drops out)
+    sa, sb = np.float32(0.02), np.float32(0.03)
+    inits = {"s_a": sa, "z_a": np.array(17, np.uint8), "s_b": sb, "z_b": np.array(zb, np.uint8)}
+    nodes = []
+    a, b = _q(nodes, "a", "a"), _q(nodes, "b", "b")
+    nodes.append(helper.make_node("MatMul", [a, b], ["y"]))
+    model = make_model(nodes, [("a", np.float32, [2, m, k]), ("b", np.float32, [2, k, n])],
+                       [("y", np.float32, None)], inits, opset=17)
+    feeds = {"a": RNG.uniform(-1.0, 4.0, (2, m, k)).astype(np.float32),
+             "b": RNG.uniform(-6.0, 2.0, (2, k, n)).astype(np.float32)}
+    art = deploy.compile(model, target=_target(tmp_path, "vnni"))
+    assert "QBatchMatMul" in _notes(art)
+    qa = np.clip(np.rint(feeds["a"] / sa) + 17, 0, 255).astype(np.uint8)
+    qb = np.clip(np.rint(feeds["b"] / sb) + zb, 0, 255).astype(np.uint8)
+    exact = QBatchMatMul.reference([qa, qb], {"a_zp": 17, "b_zp": zb, "scale": float(sa * sb)})[0]
+    np.testing.assert_array_equal(art.load().run(feeds)[0], exact)
