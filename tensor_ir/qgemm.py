@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..graph_ir.ops.quant import POST_INPUTS
 from ..graph_ir.types import DType
 from .kernel import Stage
 
@@ -76,6 +77,9 @@ class QGemmSpec:
     w_zp: int = 0
     w_signed: bool = False
     scale: float = 1.0
+    # int8 with a requantization program (ops/quant.py ``post``): the steps after the
+    # contraction's own quantization (mid_out, mid_zp); their extra inputs follow the weights
+    post: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,13 @@ def qgemm_spec(ctx) -> QGemmSpec:
     else:
         common = {"x_signed": x.dtype is DType.int8, "x_zp": int(ctx.attr("x_zp")),
                   "out": ctx.attr("out_dtype"), "out_zp": int(ctx.attr("out_zp"))}
-        if len(ctx.ins) > 6:  # a QConv's residual
+        if ctx.attr("post"):  # a requantization program (its extra inputs from the seventh)
+            post = tuple(ctx.attr("post"))
+            reads = [step[0] for step in post if step[0] in POST_INPUTS]
+            res = ctx.ins[6 + reads.index("addr")] if "addr" in reads else None
+            common.update(post=post, mid_out=ctx.attr("mid_dtype"), mid_zp=int(ctx.attr("mid_zp")),
+                          res_signed=res is not None and res.dtype is DType.int8)
+        elif len(ctx.ins) > 6:  # a QConv's residual
             common.update(residual=True, mid_out=ctx.attr("mid_dtype"),
                           mid_zp=int(ctx.attr("mid_zp")), mid_scale=float(ctx.attr("mid_scale")),
                           res_signed=ctx.ins[6].dtype is DType.int8,

@@ -36,6 +36,24 @@
 #define DP_QTILES 4  /* tiles per thread the column split aims at (dynamic balance) */
 #endif
 
+/* a requantization program (graph_ir/ops/quant.py ``post``): steps run on the contraction's
+   requantized value q, element by element, in float32 and in the graph's order; the backend
+   renders each program as straight-line code (p1: one element, p16: 16 channels) over the
+   dp_qp_* steps below, with its constants in place */
+typedef struct dp_qprog dp_qprog;
+struct dp_qprog {
+  const float* vec;      /* ADDC: per output channel (padded to whole panels) */
+  const void* res;       /* ADDR: bytes of the output's shape and layout */
+  const int32_t* lut;    /* LUT: 256 entries, indexed by the byte's bit pattern */
+  const uint8_t* lut8;   /* the same entries as bytes (a vpermi2b lookup) */
+  void (*p1)(const dp_qprog* p, int32_t q, int64_t n, int64_t o, void* out);
+  /* rows vectors of 16 channels from n: q[16 r ...] stored at element offsets o[r] (a few
+     rows a call: their steps overlap in the core, one call's latency chain alone did not) */
+  void (*p16)(const dp_qprog* p, const int32_t* q, const int64_t* o, int rows, int64_t n,
+              void* out);
+};
+#define DP_QPOST_ROWS 8
+
 typedef struct {
   int64_t m, n, kp, np;                        /* rows, columns, k padded, columns padded */
   int64_t oh, ow, ih, iw, c, kh, kw, sh, sw, ph, pw, dh, dw;
@@ -52,6 +70,7 @@ typedef struct {
   int res_kind, mid_kind, relu;
   int32_t mid_zp, res_zp;
   float mid_scale, res_scale, out_scale;
+  const dp_qprog* post;  /* a requantization program, or NULL; then q has mid_kind, mid_zp */
 } dp_qgeom;
 
 /* the pointers of one call: packed weight, epilogue vectors, residual (bf16), output */
@@ -548,14 +567,96 @@ static inline __m256i dp_q_res8(const dp_qgeom* g, __m256i q, const void* res) {
 }
 #endif
 
+/* ---- requantization program steps (dp_qprog): q the current bytes as int32, x the float
+   value; the products kept apart from the sums, as above ---- */
+static inline float dp_qp_dq1(int32_t q, float zp, float s) { return ((float)q - zp) * s; }
+static inline float dp_qp_add1(float x, float b) {
+  DP_APART(x);
+  DP_APART(b);
+  return x + b;
+}
+static inline float dp_qp_res1(float x, const void* res, int64_t o, int kind, float zp, float s) {
+  const int32_t r = kind == 1 ? ((const uint8_t*)res)[o] : ((const int8_t*)res)[o];
+  return dp_qp_add1(x, ((float)r - zp) * s);
+}
+static inline int32_t dp_qp_q1(float x, float s, float zp, int kind) {
+  const float v = nearbyintf(x / s) + zp, lo = dp_q_lo(kind), hi = dp_q_hi(kind);
+  return (int32_t)(v < lo ? lo : v > hi ? hi : v);
+}
+static inline void dp_qp_st1(void* out, int64_t o, int kind, float x, int32_t q) {
+  if (kind == 0) ((float*)out)[o] = x;
+  else if (kind == 1) ((uint8_t*)out)[o] = (uint8_t)q;
+  else ((int8_t*)out)[o] = (int8_t)q;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+static inline __m512 dp_qp_dq16(__m512i q, float zp, float s) {
+  return _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(zp)), _mm512_set1_ps(s));
+}
+static inline __m512 dp_qp_add16(__m512 x, __m512 b) {
+  __asm__("" : "+v"(x), "+v"(b));
+  return _mm512_add_ps(x, b);
+}
+static inline __m512 dp_qp_res16(__m512 x, const void* res, int64_t o, int kind, float zp, float s) {
+  const __m128i rb = _mm_loadu_si128((const __m128i*)((const char*)res + o));
+  return dp_qp_add16(x, dp_qp_dq16(kind == 1 ? _mm512_cvtepu8_epi32(rb) : _mm512_cvtepi8_epi32(rb),
+                                   zp, s));
+}
+static inline __m512i dp_qp_q16(__m512 x, float s, float zp, int kind) {
+  __m512 v = _mm512_roundscale_ps(_mm512_div_ps(x, _mm512_set1_ps(s)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  v = _mm512_add_ps(v, _mm512_set1_ps(zp));
+  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(dp_q_lo(kind))), _mm512_set1_ps(dp_q_hi(kind)));
+  return _mm512_cvtps_epi32(v);
+}
+/* 16 lookups of a 256-entry table whose entries are bytes of type kind: two 128-entry byte
+   permutes and a blend on the index's top bit where the CPU has VBMI (a 16-lane gather costs
+   about three times as much on Zen 4), else a gather of the int32 entries */
+#ifdef __AVX512VBMI__
+typedef struct { __m512i t0, t1, t2, t3; } dp_qp_table;
+static inline dp_qp_table dp_qp_table_load(const dp_qprog* p) {
+  const dp_qp_table t = {_mm512_loadu_si512(p->lut8), _mm512_loadu_si512(p->lut8 + 64),
+                         _mm512_loadu_si512(p->lut8 + 128), _mm512_loadu_si512(p->lut8 + 192)};
+  return t;
+}
+static inline __m512i dp_qp_lut16(__m512i q, const dp_qp_table* t, int kind) {
+  const __m512i idx = _mm512_castsi128_si512(_mm512_cvtepi32_epi8(q));
+  const __m512i lo = _mm512_permutex2var_epi8(t->t0, idx, t->t1);
+  const __m512i hi = _mm512_permutex2var_epi8(t->t2, idx, t->t3);
+  const __m128i r = _mm512_castsi512_si128(_mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi));
+  return kind == 2 ? _mm512_cvtepi8_epi32(r) : _mm512_cvtepu8_epi32(r);
+}
+#else
+typedef struct { const int32_t* lut; } dp_qp_table;
+static inline dp_qp_table dp_qp_table_load(const dp_qprog* p) {
+  const dp_qp_table t = {p->lut};
+  return t;
+}
+static inline __m512i dp_qp_lut16(__m512i q, const dp_qp_table* t, int kind) {
+  (void)kind;
+  return _mm512_i32gather_epi32(_mm512_and_si512(q, _mm512_set1_epi32(255)), t->lut, 4);
+}
+#endif
+static inline void dp_qp_st16(void* out, int64_t o, int kind, __m512 x, __m512i q) {
+  if (kind == 0) _mm512_storeu_ps((float*)out + o, x);
+  else _mm_storeu_si128((__m128i*)((char*)out + o), _mm512_cvtepi32_epi8(q));
+}
+#endif
+
 /* ---- epilogue: rows [m0, m0 + rows) of one 16-column panel at n0 ---- */
 static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* obase, int64_t rows,
                        int64_t n0, const int32_t* corr, const float* mult, const float* off,
                        const int32_t* zw, const int32_t* rsum, const void* res, void* out) {
   const int64_t cols = g->n - n0 < DP_QNR ? g->n - n0 : DP_QNR;
-  const int kind = g->res_kind ? g->mid_kind : g->out_kind;  /* the contraction's own type */
-  const int32_t zq = g->res_kind ? g->mid_zp : g->out_zp;
+  const int mid = g->res_kind || g->post;  /* requantized steps follow the contraction's own */
+  const int kind = mid ? g->mid_kind : g->out_kind;  /* the contraction's own type */
+  const int32_t zq = mid ? g->mid_zp : g->out_zp;
   const int32_t lo = kind == 1 ? 0 : -128, hi = kind == 1 ? 255 : 127;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  int32_t pq[DP_QPOST_ROWS * DP_QNR] __attribute__((aligned(64)));  /* a program's rows */
+  int64_t po[DP_QPOST_ROWS];
+  int np = 0;
+#endif
   for (int64_t r = 0; r < rows; r++) {
     const int64_t base = obase[r] + n0 * g->os_ch;
     const int32_t rs = zw ? rsum[r] : 0;
@@ -567,7 +668,7 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
           _mm512_loadu_si512((const void*)(zw + n0)), _mm512_set1_epi32(rs)));
       __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_loadu_ps(mult + n0)),
                                _mm512_loadu_ps(off + n0));
-      if (g->out_kind == 0) { _mm512_storeu_ps((float*)out + base, v); continue; }
+      if (g->out_kind == 0 && !g->post) { _mm512_storeu_ps((float*)out + base, v); continue; }
       if (g->res_kind && g->mid_kind == 0) {  /* a float mid: the residual adds to v */
         __m512i qr = dp_q_resv16(g, v, (const char*)res + base);
         _mm_storeu_si128((__m128i*)((char*)out + base), _mm512_cvtepi32_epi8(qr));
@@ -575,13 +676,19 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
       }
       __m512i qi = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(zq));
       qi = _mm512_min_epi32(_mm512_max_epi32(qi, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
+      if (g->post) {
+        _mm512_store_si512((void*)(pq + DP_QNR * np), qi);
+        po[np++] = base;
+        if (np == DP_QPOST_ROWS) g->post->p16(g->post, pq, po, np, n0, out), np = 0;
+        continue;
+      }
       if (g->res_kind) qi = dp_q_res16(g, qi, (const char*)res + base);
       _mm_storeu_si128((__m128i*)((char*)out + base), _mm512_cvtepi32_epi8(qi));
       continue;
     }
 #endif
 #ifdef __AVX2__
-    if (cols == DP_QNR && g->os_ch == 1) {
+    if (cols == DP_QNR && g->os_ch == 1 && !g->post) {  /* (a program runs per element) */
       __m256i q[2];
       for (int h = 0; h < 2; h++) {
         __m256i t = _mm256_add_epi32(_mm256_loadu_si256((const __m256i*)(acc + r * 16 + 8 * h)),
@@ -613,8 +720,13 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
       float v = (float)t * mult[n0 + j];
       v = v + off[n0 + j];
       int64_t o = base + j * g->os_ch;
-      if (g->out_kind == 0) { ((float*)out)[o] = v; continue; }
+      if (g->out_kind == 0 && !g->post) { ((float*)out)[o] = v; continue; }
       int32_t qi;
+      if (g->post) {
+        qi = (int32_t)nearbyintf(v) + zq;
+        g->post->p1(g->post, qi < lo ? lo : qi > hi ? hi : qi, n0 + j, o, out);
+        continue;
+      }
       if (g->res_kind && g->mid_kind == 0) {
         qi = dp_q_resv1(g, v, res, o);  /* a float mid */
       } else {
@@ -626,6 +738,9 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
       else ((int8_t*)out)[o] = (int8_t)qi;
     }
   }
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if (np) g->post->p16(g->post, pq, po, np, n0, out);
+#endif
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)

@@ -148,7 +148,9 @@ def pack_kernel(k, step: dict, plan, target_path: str):
         buf = Buffer(f"q{key}", tuple(arr.shape), DType.from_np(arr.dtype))
         inputs.append(buf)
         vids.append(plan.new_constant(arr, buf))
-    if st.spec.residual:  # (a bf16 stage's fourth input, an int8 QConv's seventh)
+    if st.spec.post:
+        packed = dict(packed, **_post_inputs(st.spec, k, step, plan, inputs, vids))
+    elif st.spec.residual:  # (a bf16 stage's fourth input, an int8 QConv's seventh)
         at = 6 if st.spec.kind == "int8" else 3
         res = k.inputs[at]
         inputs.append(Buffer("qres", res.shape, res.dtype))
@@ -158,6 +160,95 @@ def pack_kernel(k, step: dict, plan, target_path: str):
     spec = dataclasses.replace(st.spec, path=path)
     stage = dataclasses.replace(st, spec=spec, weights=tuple(packed))
     return dataclasses.replace(k, inputs=inputs, stages=[stage])
+
+
+def _post_inputs(spec: QGemmSpec, k, step: dict, plan, inputs: list, vids: list) -> dict:
+    """A requantization program's extra inputs (the node's from the seventh on) as the
+    kernel's: the per-channel vector (``qpvec``, padded to whole panels), the residual
+    (``qres``, run-time) and the table (``qplut``); appended to ``inputs`` / ``vids``."""
+    keys = {"addc": "pvec", "addr": "res", "lut": "plut"}  # (and plut8: the table as bytes)
+    extra = iter(range(6, len(step["inputs"])))
+    out = {}
+    for op in (s[0] for s in spec.post if s[0] in keys):
+        at, key = next(extra), keys[op]
+        out[key] = None
+        if op == "addr":
+            inputs.append(Buffer("qres", k.inputs[at].shape, k.inputs[at].dtype))
+            vids.append(step["inputs"][at])
+            continue
+        arr = plan.constants[step["inputs"][at]]
+        arrays = {key: arr}
+        if op == "addc":
+            arrays[key] = np.concatenate([arr.astype(np.float32),
+                                          np.zeros(-len(arr) % NR, np.float32)])
+        else:
+            arrays["plut8"] = arr.astype(np.int32).astype(np.uint8)  # the bit patterns
+            out["plut8"] = None
+        for name, a in arrays.items():
+            buf = Buffer(f"q{name}", tuple(a.shape), DType.from_np(a.dtype))
+            inputs.append(buf)
+            vids.append(plan.new_constant(np.ascontiguousarray(a), buf))
+    return out
+
+
+def post_functions(s: QGemmSpec) -> list[str]:
+    """A requantization program as two C functions (``dp_qprog``'s ``p1``: one element;
+    ``p16``: rows of 16 channels): its steps in order, each a ``qgemm.h`` ``dp_qp_*`` call with
+    its constants in place (an interpreter of the steps took 2.5x as long per vector on Zen 4).
+    File scope, before the kernel; named by content, so equal programs are one function."""
+    name = _post_name(s)
+    one, wide = [], []
+    for step in s.post:
+        op, args = step[0], step[1:]
+        if op == "dq":
+            one.append(f"x = dp_qp_dq1(q, {_float(args[0])}, {_float(args[1])});")
+            wide.append(f"x = dp_qp_dq16(q, {_float(args[0])}, {_float(args[1])});")
+        elif op == "addc":
+            one.append("x = dp_qp_add1(x, p->vec[n]);")
+            wide.append("x = dp_qp_add16(x, c);")
+        elif op == "addr":
+            kind, zp, sc = 2 if s.res_signed else 1, _float(args[0]), _float(args[1])
+            one.append(f"x = dp_qp_res1(x, p->res, o, {kind}, {zp}, {sc});")
+            wide.append(f"x = dp_qp_res16(x, p->res, o[r], {kind}, {zp}, {sc});")
+        elif op == "relu":
+            one.append("x = x > 0.0f ? x : 0.0f;")
+            wide.append("x = _mm512_max_ps(x, _mm512_setzero_ps());")
+        elif op == "q":
+            q_args = f"{_float(args[0])}, {_float(args[1])}, {OUT_CODE[args[2]]}"
+            one.append(f"q = dp_qp_q1(x, {q_args});")
+            wide.append(f"q = dp_qp_q16(x, {q_args});")
+        else:  # lut
+            one.append("q = p->lut[q & 255];")
+            wide.append(f"q = dp_qp_lut16(q, &t, {OUT_CODE[args[0]]});")
+    kind, ops = OUT_CODE[s.out], {step[0] for step in s.post}
+    hoisted = (["const __m512 c = _mm512_loadu_ps(p->vec + n);"] if "addc" in ops else []) + \
+        (["const dp_qp_table t = dp_qp_table_load(p);"] if "lut" in ops else [])
+    head1 = f"static void {name}_1(const dp_qprog* p, int32_t q, int64_t n, int64_t o, void* out) {{"
+    head16 = (f"static void {name}_16(const dp_qprog* p, const int32_t* qs, const int64_t* o, "
+              f"int rows, int64_t n, void* out) {{")
+    single = [head1, "  float x = 0.0f;", *(f"  {ln}" for ln in one),
+              f"  dp_qp_st1(out, o, {kind}, x, q);", "  (void)p; (void)n;", "}"]
+    rows = [head16, *(f"  {ln}" for ln in hoisted), "  for (int r = 0; r < rows; r++) {",
+            "    __m512i q = _mm512_load_si512((const void*)(qs + 16 * r));",
+            "    __m512 x = _mm512_setzero_ps();", *(f"    {ln}" for ln in wide),
+            f"    dp_qp_st16(out, o[r], {kind}, x, q);", "  }", "  (void)p; (void)n;", "}"]
+    guard = name.upper()
+    return [f"#ifndef {guard}", f"#define {guard}", *single,
+            "#if defined(__AVX512F__) && defined(__AVX512BW__)", *rows, "#else",
+            f"#define {name}_16 NULL", "#endif", "#endif"]
+
+
+def _post_name(s: QGemmSpec) -> str:
+    import hashlib
+    key = repr((s.post, s.out, s.res_signed)).encode()
+    return "dp_post_" + hashlib.sha1(key).hexdigest()[:12]
+
+
+def _render_post(s: QGemmSpec, names: dict[str, str]) -> list[str]:
+    """The program's pointers: its extra inputs and functions (``post_functions``)."""
+    name = _post_name(s)
+    ptrs = ", ".join(names.get(key, "NULL") for key in ("pvec", "res", "plut", "plut8"))
+    return [f"  const dp_qprog p_ = {{{ptrs}, {name}_1, {name}_16}};"]
 
 
 def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
@@ -178,13 +269,19 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     fields += [_float(s.lo), _float(s.hi)]
     int8_res = s.residual and s.kind == "int8"  # the requantized residual add (qgemm.h)
     fields += [str(x) for x in (
-        (2 if s.res_signed else 1) if int8_res else 0, OUT_CODE[s.mid_out] if int8_res else 0,
+        (2 if s.res_signed else 1) if int8_res else 0,
+        OUT_CODE[s.mid_out] if int8_res or s.post else 0,
         int(s.relu), s.mid_zp, s.res_zp)]
     fields += [_float(s.mid_scale), _float(s.res_scale), _float(s.out_scale)]
     args = [names.get(key, "NULL") for key in ("x", "w", "corr", "mult", "off", "zw", "res")]
     lines = [f"  /* {s.kind} {s.path}: {s.m} x {s.n} x {s.k}, {s.out} out */"]
-    if is_sym(rows):
-        lines += [f"  dp_qgeom g_ = {{{', '.join(fields)}}};", f"  g_.m = {c_size(rows)};"]
+    if s.post:
+        lines += _render_post(s, names)
+        args[6] = "NULL"
+    if is_sym(rows) or s.post:
+        lines += [f"  dp_qgeom g_ = {{{', '.join(fields)}}};"]
+        lines += [f"  g_.m = {c_size(rows)};"] if is_sym(rows) else []
+        lines += ["  g_.post = &p_;"] if s.post else []
     else:
         lines.append(f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};")
     return lines + [f"  dp_qgemm(&g_, {', '.join(args)}, {out});"]

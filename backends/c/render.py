@@ -47,7 +47,7 @@ from ...tensor_ir.schedule import (
     window_reduce,
 )
 from .attention import render_attention
-from .qgemm import render_qgemm
+from .qgemm import post_functions, render_qgemm
 from .regions import one_region
 from .sizes import c_size, size_var
 
@@ -191,7 +191,9 @@ class CRenderer:
         self.first_input = k.inputs[0].name if k.inputs else ""
         self.buffers = {b.name: b for b in (*k.inputs, *k.outputs, *k.temps,
                                             *(a for a, _ in k.aliases))}
-        lines = [f"/* {k.note} */" if k.note else "", f"void {k.name}(void* const* args) {{"]
+        lines = [ln for st in k.stages if isinstance(st, QGemmStage) and st.spec.post
+                 for ln in post_functions(st.spec)]  # file scope, before the kernel
+        lines += [f"/* {k.note} */" if k.note else "", f"void {k.name}(void* const* args) {{"]
         for pos, b in enumerate((*k.inputs, *k.outputs)):
             ctype = b.dtype.c_type
             qual = "const " if pos < len(k.inputs) else ""

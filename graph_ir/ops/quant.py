@@ -26,6 +26,24 @@ and quantized again:
 ``saturate(round_half_even(max?((q - mid_zp) * mid_scale + (r - res_zp) * res_scale) /
 out_scale) + out_zp)``, the float steps of the DequantizeLinear, Add, Relu and QuantizeLinear
 it replaces, in their order.
+
+A QMatMul or channels-last QConv may carry a requantization program ``post`` (the ``int8``
+pass's rule 8): the float steps of the DequantizeLinear, Add, Relu, QuantizeLinear and table
+lookups that a QDQ graph writes after the contraction's own QuantizeLinear, run on its
+requantized value ``q`` (``mid_dtype``, zero point ``mid_zp``) element by element, in float32
+and in their order. Each step is a tuple:
+
+- ``("dq", zp, s)``: ``x = (float(q) - zp) * s``;
+- ``("addc",)``: ``x = x + c[n]``, ``c`` the next extra input (float32 ``[N]``, per channel);
+- ``("addr", zp, s)``: ``x = x + (float(r) - zp) * s``, ``r`` the next extra input (uint8 /
+  int8, the output's shape: a residual);
+- ``("relu",)``: ``x = max(x, 0)``;
+- ``("q", s, zp, dtype)``: ``q = saturate(round_half_even(x / s) + zp)`` to ``dtype``;
+- ``("lut", dtype)``: ``q = t[q mod 256]``, ``t`` the next extra input (int32 ``[256]``,
+  indexed by the byte's bit pattern; its entries of type ``dtype``).
+
+The extra inputs follow the six above in program order; the output is ``x`` (``out_dtype``
+float32) or the last ``q`` (``out_dtype`` uint8 / int8).
 """
 from __future__ import annotations
 
@@ -70,13 +88,45 @@ def _qmatmul_ref(ins, attrs):
     xs = x.astype(np.int64) - attrs["x_zp"]
     ws = w.astype(np.int64) - np.asarray(w_zp, np.int64).reshape(1, -1)
     acc = np.matmul(xs, ws)
+    if attrs["post"]:
+        return [_post(acc, ins, attrs)]
     return [_epilogue(acc, ins, attrs, acc.ndim - 1)]
 
 
+POST_INPUTS = ("addc", "addr", "lut")  # the steps that read an extra input
+
+
+def _post(acc: np.ndarray, ins, attrs) -> np.ndarray:
+    """The requantization program ``post`` (module docstring) on a channels-last ``acc``."""
+    f = np.float32
+    q = _epilogue(acc, ins, dict(attrs, out_dtype=attrs["mid_dtype"], out_zp=attrs["mid_zp"]),
+                  acc.ndim - 1).astype(np.int64)
+    x, extra = None, iter(ins[6:])
+    for step in attrs["post"]:
+        op, args = step[0], step[1:]
+        if op == "dq":
+            x = (q.astype(f) - f(args[0])) * f(args[1])
+        elif op == "addc":
+            x = x + np.asarray(next(extra), f).reshape(-1)
+        elif op == "addr":
+            x = x + (np.asarray(next(extra)).astype(f) - f(args[0])) * f(args[1])
+        elif op == "relu":
+            x = np.maximum(x, f(0))
+        elif op == "q":
+            info = np.iinfo(DType[args[2]].np)
+            v = np.rint(x / f(args[0])) + f(args[1])
+            q = np.clip(v, info.min, info.max).astype(np.int64)
+        else:  # lut
+            q = np.asarray(next(extra)).astype(np.int64)[q & 255]
+    out = DType[attrs["out_dtype"]].np
+    return x.astype(out) if attrs["out_dtype"] == "float32" else q.astype(out)
+
+
 QMatMul = define("QMatMul", Kind.OPAQUE, _qmatmul_shape, _out_dtype, _qmatmul_ref,
-                 x_zp=0, out_dtype="float32", out_zp=0,
+                 x_zp=0, out_dtype="float32", out_zp=0, mid_dtype="", mid_zp=0, post=(),
                  doc="x[..., K] @ w[K, N] in integers (zero points subtracted), then "
-                     "float(acc + bias) * mult + offset, requantized unless out_dtype is float32.")
+                     "float(acc + bias) * mult + offset, requantized unless out_dtype is float32 "
+                     "(then the requantization program post, if any).")
 
 
 def _qbmm_shape(ins, attrs):
@@ -131,6 +181,8 @@ def _qconv_ref(ins, attrs):
     (acc,) = Conv.reference([xs, ws], _conv_attrs(attrs))
     axis = 3 if attrs["layout"] == "NHWC" else 1
     acc = np.rint(acc).astype(np.int64)
+    if attrs["post"]:  # channels last (the pass puts programs on NHWC convolutions only)
+        return [_post(acc, ins, attrs)]
     if len(ins) < 7:
         return [_epilogue(acc, ins, attrs, axis)]
     mid = dict(attrs, out_dtype=attrs["mid_dtype"], out_zp=attrs["mid_zp"])
@@ -140,7 +192,7 @@ def _qconv_ref(ins, attrs):
 QConv = define("QConv", Kind.OPAQUE, _qconv_shape, _out_dtype, _qconv_ref,
                strides=REQUIRED, pads=REQUIRED, dilations=REQUIRED, layout="NCHW", x_zp=0,
                out_dtype="float32", out_zp=0, mid_dtype="", mid_zp=0, mid_scale=1.0, res_zp=0,
-               res_scale=1.0, out_scale=1.0, relu=0,
+               res_scale=1.0, out_scale=1.0, relu=0, post=(),
                doc="2-D convolution (group 1) of quantized x and w in integers, then the "
                    "QMatMul epilogue per output channel (and, with a seventh input, a "
                    "requantized residual add).")

@@ -21,7 +21,12 @@ constants) until this pass has looked at them. The rules, tried to a fixpoint:
 7. on CPU targets with u8 x s8 dot products (``vnni``, ``amx``): ``MatMul(DQ(a), DQ(b))`` with
    both operands run-time bytes (through Transpose / Reshape, moved onto the bytes) ->
    ``QBatchMatMul(a, b)``, ``float32(sum (a - za)(b - zb)) * sa * sb``: a QDQ attention's two
-   products in integers (the graph's float sums of float products agree to rounding).
+   products in integers (the graph's float sums of float products agree to rounding);
+8. on CPU targets, after the layout pass: the float steps a QDQ graph writes after a
+   contraction's own QuantizeLinear (``Q(DQ(QMatMul(x)) + bias)``, BERT's projections with
+   their float biases; a table lookup after it, ``int8_lut``'s GELU; a residual add and the
+   DequantizeLinear a LayerNorm reads) -> the contraction's requantization program ``post``
+   (``ops/quant.py``), run in its epilogue in the same float32 steps.
 
 Before: ``%y = Cast(Min(Max(Add(Round(Div(Conv(Mul(Sub(Cast(%xq), 128), 0.02), %w_f32), 0.1),
 3), 0), 255), uint8)``. After: ``%y = QConv(%xq, %wq, %w_zp, %bias, %mult, %offset)`` with
@@ -36,6 +41,7 @@ import functools
 import numpy as np
 
 from ..graph import Graph, Node, Value
+from ..ops.quant import POST_INPUTS
 from ..types import DType
 from .dce import dce
 from .rewrite import Rewriter, rewrite
@@ -69,8 +75,12 @@ def _evaluate(rw: Rewriter, v: Value, depth: int = 8) -> np.ndarray | None:
 
 def _dequantized(rw: Rewriter, v: Value):
     """``v = (float(q) - zp) * s`` -> (q, zp, s) as values / constants, else None."""
-    mul = rw.prod(v, "Mul")
-    if mul is None or v.dtype is not DType.float32:
+    return _dequantized_node(rw, rw.prod(v, "Mul"))
+
+
+def _dequantized_node(rw: Rewriter, mul: Node | None):
+    """``_dequantized`` of the Mul node itself."""
+    if mul is None or mul.op.name != "Mul" or mul.outputs[0].dtype is not DType.float32:
         return None
     s = rw.const(mul.inputs[1])
     if s is None:
@@ -391,6 +401,16 @@ def _dq_chain(rw: Rewriter, v: Value) -> list[Value] | None:
     return None
 
 
+def _dq_values(rw: Rewriter, v: Value) -> list[Value]:
+    """The values of ``v = Sub?(Cast(q), zp)`` (a DequantizeLinear's inner steps) from ``v``
+    down to the Cast's output."""
+    out, n = [v], rw.prod(v)
+    while n is not None and n.op.name in ("Mul", "Sub"):
+        out.append(n.inputs[0])
+        n = rw.prod(n.inputs[0])
+    return out
+
+
 def residual_add(node: Node, rw: Rewriter) -> Value | None:
     # Q(Relu?(DQ(QConv(x)) + DQ(r))) -> QConv(x, ..., r): a QDQ residual block's add, ReLU and
     # requantization in the convolution's epilogue (CPU; see ops/quant.py for the arithmetic);
@@ -446,14 +466,147 @@ def _residual_ready(conv: Node) -> bool:
     return len(conv.inputs) <= 6 and conv.attrs["layout"] == "NHWC"
 
 
+def _post_base(rw: Rewriter, v: Value, want_float: bool):
+    """``v`` the output of a contraction that can take (more) requantization steps -> (the
+    node, its program so far, its extra inputs), else None: a QMatMul or channels-last QConv
+    read once, its output requantized to bytes (or already carrying a program)."""
+    n = rw.prod(v)
+    if n is None or n.op.name not in QOPS or not rw.single_use(v):
+        return None
+    if n.op.name == "QConv" and n.attrs["layout"] != "NHWC":
+        return None
+    if n.attrs["post"]:
+        return (n, list(n.attrs["post"]), list(n.inputs[6:])) \
+            if (n.attrs["out_dtype"] == "float32") == want_float else None
+    if want_float or n.attrs["out_dtype"] not in ("uint8", "int8") or len(n.inputs) != 6:
+        return None
+    return n, [], []
+
+
+def _post_int(rw: Rewriter, v: Value, root: Node | None = None):
+    """The program that computes the byte ``v`` from a contraction: a QuantizeLinear or a
+    table lookup over the program of its operand -> (base, steps, extras), else None (``v``
+    read once, unless ``root``, the rewritten node, writes it)."""
+    base = _post_base(rw, v, False) if root is None else None
+    if base is not None:
+        return base
+    n = root or rw.prod(v)
+    if n is None or n.op.name != "Cast" or not (root or rw.single_use(v)):
+        return None
+    quant = _quantize(n, rw)
+    if quant is not None:
+        y, sy, zy, chain = quant
+        inner = _post_float(rw, y) if all(rw.single_use(c) for c in chain) else None
+        return inner and _extend(inner, ("q", float(np.float32(sy)), zy,
+                                         n.outputs[0].dtype.name))
+    gather = rw.prod(n.inputs[0], "Gather")
+    if gather is None or not rw.single_use(n.inputs[0]):
+        return None
+    table, idx = rw.const(gather.inputs[0]), gather.inputs[1]
+    if table is None or table.shape != (256,) or idx.dtype is not DType.uint8:
+        return None
+    cast = rw.prod(idx, "Cast")  # an int8 byte indexes by its bit pattern
+    if cast is not None and cast.inputs[0].dtype is DType.int8 and rw.single_use(idx):
+        idx = cast.inputs[0]
+    inner = _post_int(rw, idx)
+    return inner and _extend(inner, ("lut", n.outputs[0].dtype.name), table.astype(np.int32))
+
+
+def _post_float(rw: Rewriter, x: Value, root: Node | None = None):
+    """The program that computes the float ``x`` from a contraction's bytes: a
+    DequantizeLinear, then adds of a per-channel constant or of a dequantized residual, and
+    ReLU -> (base, steps, extras), else None."""
+    base = _post_base(rw, x, True) if root is None else None
+    if base is not None:
+        return base
+    n = root or rw.prod(x)
+    if n is None or not (root or rw.single_use(x)) or n.op.name not in ("Relu", "Add", "Mul"):
+        return None
+    if n.op.name == "Relu":
+        inner = _post_float(rw, n.inputs[0])
+        return inner and _extend(inner, ("relu",))
+    if n.op.name == "Mul":  # a DequantizeLinear
+        d = _dequantized_node(rw, n)
+        if d is None or d[0].dtype not in QTYPES or d[1].size != 1 or d[2].size != 1 or \
+                not all(rw.single_use(v) for v in _dq_values(rw, n.inputs[0])):
+            return None
+        inner = _post_int(rw, d[0])
+        return inner and _extend(inner, ("dq", float(d[1].reshape(())),
+                                         float(np.float32(d[2].reshape(())))))
+    for k in (0, 1):
+        inner = _post_float(rw, n.inputs[k])
+        if inner is None or tuple(n.inputs[k].shape) != tuple(x.shape):
+            continue
+        step = _addend(rw, n.inputs[1 - k], x)
+        return step and _extend(inner, *step)
+    return None
+
+
+def _addend(rw: Rewriter, v: Value, out: Value):
+    """An Add's other operand -> the step and its extra input: a constant over the last axis
+    (``addc``), or ``DQ(r)`` of run-time bytes of the output's shape (``addr``), else None."""
+    c = rw.const(v)
+    if c is None:
+        c = _evaluate(rw, v, 2)
+    n = out.shape[-1]
+    if c is not None:
+        if c.dtype != np.float32 or any(d != 1 for d in c.shape[:-1]) or \
+                (c.shape and c.shape[-1] not in (1, n)) or len(c.shape) > len(out.shape):
+            return None
+        return ("addc",), np.broadcast_to(c.reshape(-1), (n,)).astype(np.float32)
+    e = _dequantized(rw, v)
+    if e is None or e[0].dtype not in QTYPES or tuple(e[0].shape) != tuple(out.shape) or \
+            e[1].size != 1 or e[2].size != 1 or rw.const(e[0]) is not None:
+        return None
+    return ("addr", float(e[1].reshape(())), float(np.float32(e[2].reshape(())))), e[0]
+
+
+def _extend(found, step: tuple, extra=None):
+    """(base, steps, extras) with one more step (and its extra input); None past the C
+    kernels' limits (eight steps, one extra input of each kind)."""
+    base, steps, extras = found
+    if len(steps) >= MAX_POST or step[0] in POST_INPUTS and any(s[0] == step[0] for s in steps):
+        return None
+    return base, [*steps, step], extras + ([extra] if step[0] in POST_INPUTS else [])
+
+
+MAX_POST = 8  # requantization steps per contraction (qgemm.h dp_qprog)
+
+
+def post_chain(node: Node, rw: Rewriter) -> Value | None:
+    # (Q | lookup | DQ)(...(DQ(Q*(x)_bytes) + c)...) -> Q*(x) with the steps as its
+    # requantization program (rule 8): one kernel instead of a contraction and an
+    # elementwise kernel that reads its bytes back
+    out = node.outputs[0]
+    found = _post_int(rw, out, node) if out.dtype in QTYPES else \
+        _post_float(rw, out, node) if node.op.name == "Mul" else None
+    if found is None or not found[1] or found[0].attrs["post"] == tuple(found[1]):
+        return None
+    base, steps, extras = found
+    if out.dtype is DType.float32 and not base.attrs["post"] and len(steps) == 1:
+        return None  # a lone DequantizeLinear: its consumer fuses it
+    ins = list(base.inputs[:6])
+    for e in extras:
+        ins.append(e if isinstance(e, Value) else
+                   rw.new_const(e, f"{base.name}_post{len(ins)}", _like(e, base.inputs[0])))
+    attrs = dict(base.attrs, post=tuple(steps), out_dtype=out.dtype.name, out_zp=0)
+    if not base.attrs["post"]:
+        attrs.update(mid_dtype=base.attrs["out_dtype"], mid_zp=base.attrs["out_zp"])
+    return rw.emit(base.op.name, ins, base.name if base.attrs["post"] else base.name + "_post",
+                   **attrs)
+
+
 def fold_residuals(g: Graph, target=None) -> Graph:
-    """QDQ residual adds into the channels-last QConv before them (``residual_add``), on CPU
-    targets with int8 kernels (after the layout pass: the C template indexes the residual as
-    its output, NHWC; GPUs fuse the same chain as the kernel's elementwise epilogue)."""
+    """QDQ residual adds into the channels-last QConv before them (``residual_add``), then
+    the remaining float steps after a contraction's bytes into its requantization program
+    (``post_chain``), on CPU targets with int8 kernels (after the layout pass: the C template
+    indexes a residual as its output, NHWC; GPUs fuse the same chains as the kernel's
+    elementwise epilogue)."""
     if target is None or target.kind != "cpu" or target.int8_path() == "none":
         return g
     g, fired = rewrite(g, [("Cast", residual_add)])
-    return dce(g) if fired else g
+    g, more = rewrite(dce(g) if fired else g, [("Cast", post_chain), ("Mul", post_chain)])
+    return dce(g) if fired or more else g
 
 
 RULES = [("MatMul", contraction), ("Conv", contraction), ("Add", add_bias), ("Cast", requantize),

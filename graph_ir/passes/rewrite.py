@@ -105,7 +105,9 @@ def _round(g: Graph, by_op) -> tuple[Graph, int]:
             # the replacement is read wherever the old value was: a later rule of this round
             # must not take it for a single-use value and fold it into one reader (duplicating
             # its producer for the others)
-            rw.uses[replacement] = rw.uses.get(replacement, 0) + rw.uses.get(node.outputs[0], 0)
+            # (a graph output counts as one more reader: the old value is what g.outputs names)
+            rw.uses[replacement] = rw.uses.get(replacement, 0) + rw.uses.get(node.outputs[0], 0) \
+                + (node.outputs[0] in g.outputs)
             fired += 1
         else:
             rw.add(node)

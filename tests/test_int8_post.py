@@ -1,0 +1,151 @@
+"""int8 requantization programs: the float steps after a contraction's own QuantizeLinear run in
+its epilogue (``graph_ir/passes/quantized.py`` rule 8, ``qgemm.h`` ``dp_qprog``).
+
+onnxruntime.quantization writes BERT's projections as ``Q(DQ(Q(MatMul(...))) + bias)``: the
+MatMul's output is quantized, dequantized, its float bias added and quantized again. Here
+such a layer over fresh random inputs, followed by each kind of step (a QDQ GELU, which
+``int8_lut`` makes a table; a ReLU; a quantized residual add and the DequantizeLinear a
+LayerNorm would read), uint8 and int8 activations, on three CPU targets (``host``: AVX-512 with
+VBMI table lookups on this machine; ``x86_64-avx512``: gathers; ``x86_64-avx2``: the per-element
+functions). Each build runs the layer as one QMatMul kernel and is bit-identical to deploy's
+build with the rule disabled (the steps as elementwise kernels of their own), and within one
+quantization step of ONNX Runtime's execution of the graph as written (``ORT_DISABLE_ALL``)
+in at most 1% of elements (the GELU's ``erf`` and the float sums round alike only up to ties).
+"""
+from __future__ import annotations
+
+import deploy
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from .util import helper, make_model
+
+RNG = np.random.default_rng(41)
+B, S, K, N = 2, 24, 64, 48
+
+
+def _qparams(lo: float, hi: float, dtype):
+    info = np.iinfo(dtype)
+    scale = np.float32((hi - lo) / (info.max - info.min))
+    return scale, np.array(np.clip(round(info.min - lo / scale), info.min, info.max), dtype)
+
+
+class _Model:
+    """A QDQ graph written step by step."""
+
+    def __init__(self, act):
+        self.act, self.nodes, self.inits = act, [], {}
+
+    def q(self, src: str, k: str, lo: float, hi: float, dq: bool = True) -> str:
+        self.inits[f"s_{k}"], self.inits[f"z_{k}"] = _qparams(lo, hi, self.act)
+        self.nodes.append(helper.make_node("QuantizeLinear", [src, f"s_{k}", f"z_{k}"],
+                                           [f"{k}q"]))
+        if not dq:
+            return f"{k}q"
+        self.nodes.append(helper.make_node("DequantizeLinear", [f"{k}q", f"s_{k}", f"z_{k}"],
+                                           [f"{k}d"]))
+        return f"{k}d"
+
+    def op(self, op: str, ins: list[str], out: str) -> str:
+        self.nodes.append(helper.make_node(op, ins, [out]))
+        return out
+
+
+def _projection(m: _Model) -> str:
+    """DQ(Q(x)) @ DQ(w) (int8 per output channel) -> Q -> DQ -> + bias -> Q -> DQ."""
+    w = RNG.integers(-127, 128, (K, N)).astype(np.int8)
+    m.inits.update(w=w, w_s=(RNG.uniform(0.5, 1.5, N) / 127 / 8).astype(np.float32),
+                   w_z=np.zeros(N, np.int8), bias=RNG.uniform(-0.5, 0.5, N).astype(np.float32))
+    m.nodes.append(helper.make_node("DequantizeLinear", ["w", "w_s", "w_z"], ["wd"], axis=1))
+    x = m.q("x", "x", -2.0, 2.0)
+    y = m.q(m.op("MatMul", [x, "wd"], "mm"), "mm", -3.0, 3.0)
+    return m.q(m.op("Add", [y, "bias"], "add_bias"), "b", -3.0, 3.5)
+
+
+def _model(act, tail: str):
+    m = _Model(act)
+    y = _projection(m)
+    inputs = [("x", np.float32, [B, S, K])]
+    if tail == "gelu":  # Q(DQ(y) * DQ(Q(0.5 * DQ(Q(1 + DQ(Q(erf(DQ(y) / sqrt 2))))))))
+        m.inits.update(sqrt2=np.float32(np.sqrt(2.0)), one=np.float32(1.0), half=np.float32(0.5))
+        e = m.q(m.op("Erf", [m.op("Div", [y, "sqrt2"], "t")], "erf"), "e", -1.0, 1.0)
+        a = m.q(m.op("Add", [e, "one"], "a"), "a", 0.0, 2.0)
+        h = m.q(m.op("Mul", [a, "half"], "h"), "h", 0.0, 1.0)
+        out = m.q(m.op("Mul", [y, h], "g"), "y", -0.2, 3.5, dq=False)
+    elif tail == "relu":
+        out = m.q(m.op("Relu", [y], "r"), "y", -3.0, 3.5, dq=False)
+    else:  # a quantized residual, requantized, dequantized (what a LayerNorm reads)
+        inputs.append(("r", np.float32, [B, S, N]))
+        r = m.q("r", "r", -2.0, 2.0)
+        out = m.q(m.op("Add", [y, r], "res"), "o", -5.0, 5.0)
+    dtype = np.float32 if tail == "residual" else m.act
+    return make_model(m.nodes, inputs, [(out, dtype, [B, S, N])], m.inits, opset=17)
+
+
+def _feeds(model):
+    return {i.name: RNG.uniform(-2.2, 2.2, [d.dim_value for d in i.type.tensor_type.shape.dim])
+            .astype(np.float32) for i in model.graph.input}
+
+
+def _as_written(model, feeds):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)[0]
+
+
+def _kernels(art) -> list[str]:
+    return [k.get("note", "") for k in art.manifest["kernels"]]
+
+
+@pytest.mark.parametrize("target", ["host", "x86_64-avx512", "x86_64-avx2"])
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+@pytest.mark.parametrize("tail", ["gelu", "relu", "residual"])
+def test_steps_after_the_contraction_run_in_its_epilogue(tail, act, target, monkeypatch):
+    model = _model(act, tail)
+    feeds = _feeds(model)
+    art = deploy.compile(model, target=target)
+    notes = _kernels(art)
+    post = [n for n in notes if n.startswith("QMatMul") and "_post" in n]
+    assert len(post) == 1, notes
+    assert not any("add_bias" in n for n in notes), notes  # no elementwise kernel reads it back
+    ours = art.load().run(feeds)[0]
+    monkeypatch.setenv("DEPLOY_DISABLE_PASSES", "int8_residual")
+    apart = deploy.compile(model, target=target)
+    assert not any("_post" in n for n in _kernels(apart))
+    np.testing.assert_array_equal(ours, apart.load().run(feeds)[0])
+    ref = _as_written(model, feeds)
+    if tail == "residual":  # float out: one step of the output's quantization
+        step = float(_qparams(-5.0, 5.0, act)[0])
+        diff = np.rint(np.abs(ours - ref) / step)
+    else:
+        assert ours.dtype == act
+        diff = np.abs(ours.astype(np.int32) - ref.astype(np.int32))
+    assert diff.max() <= 1 and np.mean(diff != 0) <= 1e-2, (diff.max(), np.mean(diff != 0))
+
+
+def test_a_value_read_twice_stays_apart():
+    # the bias add's bytes are an output and feed a ReLU chain: the contraction's program ends
+    # there (it writes them), the ReLU chain stays a kernel of its own (a second program would
+    # run the whole GEMM again)
+    m = _Model(np.uint8)
+    y = _projection(m)
+    out1 = m.q(y, "o1", -3.0, 3.5, dq=False)
+    out2 = m.q(m.op("Relu", [y], "r"), "o2", -3.0, 3.5, dq=False)
+    model = make_model(m.nodes, [("x", np.float32, [B, S, K])],
+                       [(out1, np.uint8, [B, S, N]), (out2, np.uint8, [B, S, N])], m.inits,
+                       opset=17)
+    feeds = _feeds(model)
+    art = deploy.compile(model, target="host")
+    notes = _kernels(art)
+    assert sum(n.startswith("QMatMul") for n in notes) == 1, notes
+    assert any(n.startswith("elementwise") and "Relu" in n for n in notes), notes
+    ours = art.load().run(feeds)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(model.SerializeToString(), so,
+                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(ours, ref):
+        diff = np.abs(a.astype(np.int32) - b.astype(np.int32))
+        assert diff.max() <= 1 and np.mean(diff != 0) <= 1e-2
