@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph_ir.ops.quant import POST_INPUTS
+from ..graph_ir.ops.quant import POST_INPUTS, post_start
 from ..graph_ir.types import DType
 from .kernel import Stage
 
@@ -112,10 +112,11 @@ def qgemm_spec(ctx) -> QGemmSpec:
         for d in lead:
             batch *= d
         return QGemmSpec(m=m, n=n, k=k, c=k, x_signed=x.dtype is DType.int8,
-                         x_zp=int(ctx.attr("a_zp")), out="float32", out_zp=0,
+                         x_zp=int(ctx.attr("a_zp")), out=ctx.attr("out_dtype"), out_zp=0,
                          x_strides=(k, 0, 0, 1), out_strides=(n, 0, 1), algo="bmm", batch=batch,
                          w_zp=int(ctx.attr("b_zp")), w_signed=ctx.ins[1].dtype is DType.int8,
-                         scale=float(ctx.attr("scale")))
+                         scale=float(ctx.attr("scale")), post=tuple(ctx.attr("post")),
+                         mid_out="float32")
     if node.op.name.startswith("Packed"):
         kind = "fp32" if x.dtype is DType.float32 else "bf16"
         common = {"x_signed": False, "x_zp": 0, "out": ctx.attr("out"), "out_zp": 0, "kind": kind,
@@ -129,7 +130,8 @@ def qgemm_spec(ctx) -> QGemmSpec:
         if ctx.attr("post"):  # a requantization program (its extra inputs from the seventh)
             post = tuple(ctx.attr("post"))
             reads = [step[0] for step in post if step[0] in POST_INPUTS]
-            res = ctx.ins[6 + reads.index("addr")] if "addr" in reads else None
+            res = ctx.ins[post_start(node.op.name) + reads.index("addr")] \
+                if "addr" in reads else None
             common.update(post=post, mid_out=ctx.attr("mid_dtype"), mid_zp=int(ctx.attr("mid_zp")),
                           res_signed=res is not None and res.dtype is DType.int8)
         elif len(ctx.ins) > 6:  # a QConv's residual

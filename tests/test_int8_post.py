@@ -48,7 +48,7 @@ class _Model:
         return f"{k}d"
 
     def op(self, op: str, ins: list[str], out: str) -> str:
-        self.nodes.append(helper.make_node(op, ins, [out]))
+        self.nodes.append(helper.make_node(op, ins, [out], name=out))  # kernel notes name it
         return out
 
 
@@ -114,6 +114,7 @@ def test_steps_after_the_contraction_run_in_its_epilogue(tail, act, target, monk
     monkeypatch.setenv("DEPLOY_DISABLE_PASSES", "int8_residual")
     apart = deploy.compile(model, target=target)
     assert not any("_post" in n for n in _kernels(apart))
+    assert any("add_bias" in n for n in _kernels(apart))
     np.testing.assert_array_equal(ours, apart.load().run(feeds)[0])
     ref = _as_written(model, feeds)
     if tail == "residual":  # float out: one step of the output's quantization
@@ -149,3 +150,54 @@ def test_a_value_read_twice_stays_apart():
     for a, b in zip(ours, ref):
         diff = np.abs(a.astype(np.int32) - b.astype(np.int32))
         assert diff.max() <= 1 and np.mean(diff != 0) <= 1e-2
+
+
+def _vnni_target(tmp_path) -> str:
+    import yaml
+    from deploy.targets.target import HERE
+    data = yaml.safe_load((HERE / "host.yaml").read_text())
+    data.update(name="host-int8-vnni", int8="vnni")
+    out = tmp_path / "host-vnni.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return str(out)
+
+
+def _masked_attention(act, mask_shape):
+    """A QDQ attention head with BERT's additive mask (its export scales q before the product):
+    Q(DQ(Q(q k^T)) + mask) -> DQ -> Softmax -> Q -> DQ -> @ v -> Q."""
+    m = _Model(act)
+    q, k, v = (m.q(x, x, -2.0, 2.0) for x in "qkv")
+    kt = m.op("Transpose", [k], "kt")
+    m.nodes[-1].attribute.extend([helper.make_attribute("perm", [0, 1, 3, 2])])
+    s = m.q(m.op("MatMul", [q, kt], "qk"), "s", -12.0, 12.0)
+    s = m.q(m.op("Add", [s, "mask"], "masked"), "sm", -12.0, 6.0)
+    p = m.op("Softmax", [s], "p")
+    m.nodes[-1].attribute.extend([helper.make_attribute("axis", -1)])
+    p = m.q(p, "p", 0.0, 1.0)
+    out = m.q(m.op("MatMul", [p, v], "o"), "o", -1.0, 1.0, dq=False)
+    shape = [1, 4, 32, 16]
+    inputs = [(x, np.float32, shape) for x in "qkv"] + [("mask", np.float32, mask_shape)]
+    return make_model(m.nodes, inputs, [(out, act, None)], m.inits, opset=17)
+
+
+@pytest.mark.parametrize("mask_shape", [[1, 1, 32, 32], [1, 1, 1, 32]])
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_attention_scores_and_mask_run_in_the_product(act, mask_shape, tmp_path, monkeypatch):
+    # q k^T's requantization, the mask add (per key, or per query and key) and the requantized
+    # scores the softmax reads: the product's program, from its float value
+    model = _masked_attention(act, mask_shape)
+    feeds = {x: RNG.uniform(-2.0, 2.0, [1, 4, 32, 16]).astype(np.float32) for x in "qkv"}
+    keep = RNG.uniform(size=mask_shape) < 0.8
+    feeds["mask"] = np.where(keep, 0.0, -10.0).astype(np.float32)
+    target = _vnni_target(tmp_path)
+    art = deploy.compile(model, target=target)
+    notes = _kernels(art)
+    assert sum(n.startswith("QBatchMatMul") and "_post" in n for n in notes) == 2, notes
+    assert not any("masked" in n for n in notes), notes
+    ours = art.load().run(feeds)[0]
+    monkeypatch.setenv("DEPLOY_DISABLE_PASSES", "int8_residual")
+    apart = deploy.compile(model, target=target)
+    assert any("masked" in n for n in _kernels(apart))
+    np.testing.assert_array_equal(ours, apart.load().run(feeds)[0])
+    diff = np.abs(ours.astype(np.int32) - _as_written(model, feeds).astype(np.int32))
+    assert diff.max() <= 1 and np.mean(diff != 0) <= 1e-2, (diff.max(), np.mean(diff != 0))

@@ -23,6 +23,7 @@ import dataclasses
 
 import numpy as np
 
+from ...graph_ir.ops.quant import post_start
 from ...graph_ir.sym import is_sym
 from ...graph_ir.types import DType
 from ...tensor_ir.kernel import Buffer
@@ -122,10 +123,12 @@ def pack_kernel(k, step: dict, plan, target_path: str):
         return k
     if st.spec.algo == "bmm":  # run-time operands: packed by dp_qbmm as it runs
         b = k.inputs[1]
+        inputs, vids = [k.inputs[0], Buffer("qb", b.shape, b.dtype)], step["inputs"][:2]
+        extra = _post_inputs(st.spec, k, step, plan, inputs, vids) if st.spec.post else {}
+        step["inputs"] = vids
         stage = dataclasses.replace(st, spec=dataclasses.replace(st.spec, path="vnni"),
-                                    weights=("b",))
-        return dataclasses.replace(k, inputs=[k.inputs[0], Buffer("qb", b.shape, b.dtype)],
-                                   stages=[stage])
+                                    weights=("b", *extra))
+        return dataclasses.replace(k, inputs=inputs, stages=[stage])
     if st.spec.algo == "winograd":
         path = f"winograd-f{st.spec.tile}x{st.spec.tile}"
         packed = pack_winograd(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]])
@@ -163,17 +166,19 @@ def pack_kernel(k, step: dict, plan, target_path: str):
 
 
 def _post_inputs(spec: QGemmSpec, k, step: dict, plan, inputs: list, vids: list) -> dict:
-    """A requantization program's extra inputs (the node's from the seventh on) as the
-    kernel's: the per-channel vector (``qpvec``, padded to whole panels), the residual
-    (``qres``, run-time) and the table (``qplut``); appended to ``inputs`` / ``vids``."""
-    keys = {"addc": "pvec", "addr": "res", "lut": "plut"}  # (and plut8: the table as bytes)
-    extra = iter(range(6, len(step["inputs"])))
+    """A requantization program's extra inputs (the node's from the seventh on, a
+    QBatchMatMul's from the third) as the kernel's: the per-channel vector (``qpvec``: a
+    constant padded to whole panels, or a run-time mask), the residual (``qres``, run-time) and
+    the table (``qplut``, ``qplut8``); appended to ``inputs`` / ``vids``."""
+    keys = {"addc": "pvec", "addv": "pvec", "addm": "pvec", "addr": "res", "lut": "plut"}
+    extra = iter(range(post_start("QBatchMatMul" if spec.algo == "bmm" else ""),
+                       len(step["inputs"])))
     out = {}
     for op in (s[0] for s in spec.post if s[0] in keys):
         at, key = next(extra), keys[op]
         out[key] = None
-        if op == "addr":
-            inputs.append(Buffer("qres", k.inputs[at].shape, k.inputs[at].dtype))
+        if op in ("addr", "addv", "addm"):  # run-time values (plut8: the table as bytes)
+            inputs.append(Buffer(f"q{key}", k.inputs[at].shape, k.inputs[at].dtype))
             vids.append(step["inputs"][at])
             continue
         arr = plan.constants[step["inputs"][at]]
@@ -203,9 +208,12 @@ def post_functions(s: QGemmSpec) -> list[str]:
         if op == "dq":
             one.append(f"x = dp_qp_dq1(q, {_float(args[0])}, {_float(args[1])});")
             wide.append(f"x = dp_qp_dq16(q, {_float(args[0])}, {_float(args[1])});")
-        elif op == "addc":
+        elif op in ("addc", "addv"):
             one.append("x = dp_qp_add1(x, p->vec[n]);")
             wide.append("x = dp_qp_add16(x, c);")
+        elif op == "addm":  # (o: the offset within one output matrix, as the vector's)
+            one.append("x = dp_qp_add1(x, p->vec[o]);")
+            wide.append("x = dp_qp_add16(x, _mm512_loadu_ps(p->vec + o[r]));")
         elif op == "addr":
             kind, zp, sc = 2 if s.res_signed else 1, _float(args[0]), _float(args[1])
             one.append(f"x = dp_qp_res1(x, p->res, o, {kind}, {zp}, {sc});")
@@ -221,7 +229,11 @@ def post_functions(s: QGemmSpec) -> list[str]:
             one.append("q = p->lut[q & 255];")
             wide.append(f"q = dp_qp_lut16(q, &t, {OUT_CODE[args[0]]});")
     kind, ops = OUT_CODE[s.out], {step[0] for step in s.post}
-    hoisted = (["const __m512 c = _mm512_loadu_ps(p->vec + n);"] if "addc" in ops else []) + \
+    if s.mid_out == "float32":  # the program starts from the float value (its bits in q)
+        one.insert(0, "memcpy(&x, &q, 4);")
+        wide.insert(0, "x = _mm512_castsi512_ps(q);")
+    hoisted = (["const __m512 c = _mm512_loadu_ps(p->vec + n);"]
+               if ops & {"addc", "addv"} else []) + \
         (["const dp_qp_table t = dp_qp_table_load(p);"] if "lut" in ops else [])
     head1 = f"static void {name}_1(const dp_qprog* p, int32_t q, int64_t n, int64_t o, void* out) {{"
     head16 = (f"static void {name}_16(const dp_qprog* p, const int32_t* qs, const int64_t* o, "
@@ -240,7 +252,7 @@ def post_functions(s: QGemmSpec) -> list[str]:
 
 def _post_name(s: QGemmSpec) -> str:
     import hashlib
-    key = repr((s.post, s.out, s.res_signed)).encode()
+    key = repr((s.post, s.out, s.res_signed, s.mid_out)).encode()
     return "dp_post_" + hashlib.sha1(key).hexdigest()[:12]
 
 
@@ -288,13 +300,17 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
 
 
 def _render_bmm(s, kp: int, np_: int, names: dict[str, str], out: str) -> list[str]:
-    """The call of ``dp_qbmm`` (a QBatchMatMul): a MatMul geometry, float32 out."""
+    """The call of ``dp_qbmm`` (a QBatchMatMul): a MatMul geometry, float32 out (or a
+    requantization program's output, from the float value)."""
     geom = [s.m, s.n, kp, np_, 1, 1, 1, 1, s.k, 1, 1, 1, 1, 0, 0, 1, 1, *s.x_strides,
-            *s.out_strides, s.x_zp, 0, int(s.x_signed), OUT_CODE["float32"],
+            *s.out_strides, s.x_zp, 0, int(s.x_signed), OUT_CODE[s.out],
             PATH_CODE[s.path], 0]
     fields = [str(int(v)) for v in geom] + ["0.0f", "0.0f", "0", "0", "0", "0", "0",
                                               "1.0f", "1.0f", "1.0f"]
     call = (f"  dp_qbmm(&g_, {s.batch}, {names['x']}, {names['b']}, {s.w_zp}, "
             f"{int(s.w_signed)}, {_float(s.scale)}, {out});")
-    return [f"  /* int8 {s.path}: {s.batch} x ({s.m} x {s.n} x {s.k}), run-time operands */",
-            f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};", call]
+    lines = [f"  /* int8 {s.path}: {s.batch} x ({s.m} x {s.n} x {s.k}), run-time operands */"]
+    if not s.post:
+        return lines + [f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};", call]
+    return lines + _render_post(s, names) + [f"  dp_qgeom g_ = {{{', '.join(fields)}}};",
+                                             "  g_.post = &p_;", call]

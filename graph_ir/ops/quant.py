@@ -35,6 +35,10 @@ and in their order. Each step is a tuple:
 
 - ``("dq", zp, s)``: ``x = (float(q) - zp) * s``;
 - ``("addc",)``: ``x = x + c[n]``, ``c`` the next extra input (float32 ``[N]``, per channel);
+- ``("addv",)``: the same with ``c`` a run-time float32 value of shape ``[1, ..., 1, N]`` (an
+  attention mask over the keys);
+- ``("addm",)``: ``x = x + c[m, n]``, ``c`` a run-time float32 ``[1, ..., 1, M, N]``, one
+  output matrix's shape (added to each of a QBatchMatMul's batches);
 - ``("addr", zp, s)``: ``x = x + (float(r) - zp) * s``, ``r`` the next extra input (uint8 /
   int8, the output's shape: a residual);
 - ``("relu",)``: ``x = max(x, 0)``;
@@ -43,7 +47,9 @@ and in their order. Each step is a tuple:
   indexed by the byte's bit pattern; its entries of type ``dtype``).
 
 The extra inputs follow the six above in program order; the output is ``x`` (``out_dtype``
-float32) or the last ``q`` (``out_dtype`` uint8 / int8).
+float32) or the last ``q`` (``out_dtype`` uint8 / int8). A QBatchMatMul may carry a program
+too (its extra inputs after its two): it starts from the float product (``mid_dtype``
+float32), so its first step is a ``q``.
 """
 from __future__ import annotations
 
@@ -88,26 +94,40 @@ def _qmatmul_ref(ins, attrs):
     xs = x.astype(np.int64) - attrs["x_zp"]
     ws = w.astype(np.int64) - np.asarray(w_zp, np.int64).reshape(1, -1)
     acc = np.matmul(xs, ws)
-    if attrs["post"]:
+    if attrs.get("post"):
         return [_post(acc, ins, attrs)]
     return [_epilogue(acc, ins, attrs, acc.ndim - 1)]
 
 
-POST_INPUTS = ("addc", "addr", "lut")  # the steps that read an extra input
+# the steps that read an extra input -> its kind (addc and addv share the vector's slot)
+POST_INPUTS = {"addc": "vec", "addv": "vec", "addm": "vec", "addr": "res", "lut": "lut"}
+
+
+def post_start(op: str) -> int:
+    """Where a contraction's program's extra inputs start."""
+    return 2 if op == "QBatchMatMul" else 6
 
 
 def _post(acc: np.ndarray, ins, attrs) -> np.ndarray:
     """The requantization program ``post`` (module docstring) on a channels-last ``acc``."""
+    mid = dict(attrs, out_dtype=attrs["mid_dtype"], out_zp=attrs["mid_zp"])
+    return _run_post(_epilogue(acc, ins, mid, acc.ndim - 1), ins[6:], attrs)
+
+
+def _run_post(start: np.ndarray, extras, attrs) -> np.ndarray:
+    """The steps from ``start``: bytes (the first step a ``dq``) or the float value."""
     f = np.float32
-    q = _epilogue(acc, ins, dict(attrs, out_dtype=attrs["mid_dtype"], out_zp=attrs["mid_zp"]),
-                  acc.ndim - 1).astype(np.int64)
-    x, extra = None, iter(ins[6:])
+    x, q = (start, None) if start.dtype == f else (None, start.astype(np.int64))
+    extra = iter(extras)
     for step in attrs["post"]:
         op, args = step[0], step[1:]
         if op == "dq":
             x = (q.astype(f) - f(args[0])) * f(args[1])
-        elif op == "addc":
+        elif op in ("addc", "addv"):
             x = x + np.asarray(next(extra), f).reshape(-1)
+        elif op == "addm":
+            c = np.asarray(next(extra), f)
+            x = x + c.reshape(c.shape[-2:])
         elif op == "addr":
             x = x + (np.asarray(next(extra)).astype(f) - f(args[0])) * f(args[1])
         elif op == "relu":
@@ -141,11 +161,13 @@ def _qbmm_shape(ins, attrs):
 def _qbmm_ref(ins, attrs):
     a = ins[0].astype(np.int64) - attrs["a_zp"]
     b = ins[1].astype(np.int64) - attrs["b_zp"]
-    return [np.matmul(a, b).astype(np.float32) * np.float32(attrs["scale"])]
+    v = np.matmul(a, b).astype(np.float32) * np.float32(attrs["scale"])
+    return [_run_post(v, ins[2:], attrs) if attrs.get("post") else v]
 
 
-QBatchMatMul = define("QBatchMatMul", Kind.OPAQUE, _qbmm_shape, lambda ins, attrs: [DType.float32],
-                      _qbmm_ref, a_zp=0, b_zp=0, scale=1.0,
+QBatchMatMul = define("QBatchMatMul", Kind.OPAQUE, _qbmm_shape, _out_dtype, _qbmm_ref,
+                      a_zp=0, b_zp=0, scale=1.0, out_dtype="float32", mid_dtype="float32",
+                      mid_zp=0, post=(),
                       doc="a[..., M, K] @ b[..., K, N], both run-time uint8 / int8 tensors with "
                           "per-tensor zero points: float32(acc) * scale, acc exact in integers.")
 
@@ -181,7 +203,7 @@ def _qconv_ref(ins, attrs):
     (acc,) = Conv.reference([xs, ws], _conv_attrs(attrs))
     axis = 3 if attrs["layout"] == "NHWC" else 1
     acc = np.rint(acc).astype(np.int64)
-    if attrs["post"]:  # channels last (the pass puts programs on NHWC convolutions only)
+    if attrs.get("post"):  # channels last (the pass puts programs on NHWC convolutions only)
         return [_post(acc, ins, attrs)]
     if len(ins) < 7:
         return [_epilogue(acc, ins, attrs, axis)]

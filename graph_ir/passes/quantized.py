@@ -41,7 +41,7 @@ import functools
 import numpy as np
 
 from ..graph import Graph, Node, Value
-from ..ops.quant import POST_INPUTS
+from ..ops.quant import POST_INPUTS, post_start
 from ..types import DType
 from .dce import dce
 from .rewrite import Rewriter, rewrite
@@ -469,15 +469,18 @@ def _residual_ready(conv: Node) -> bool:
 def _post_base(rw: Rewriter, v: Value, want_float: bool):
     """``v`` the output of a contraction that can take (more) requantization steps -> (the
     node, its program so far, its extra inputs), else None: a QMatMul or channels-last QConv
-    read once, its output requantized to bytes (or already carrying a program)."""
+    read once, its output requantized to bytes, or a QBatchMatMul's float output (or either
+    already carrying a program)."""
     n = rw.prod(v)
-    if n is None or n.op.name not in QOPS or not rw.single_use(v):
+    if n is None or n.op.name not in (*QOPS, "QBatchMatMul") or not rw.single_use(v):
         return None
     if n.op.name == "QConv" and n.attrs["layout"] != "NHWC":
         return None
     if n.attrs["post"]:
-        return (n, list(n.attrs["post"]), list(n.inputs[6:])) \
+        return (n, list(n.attrs["post"]), list(n.inputs[post_start(n.op.name):])) \
             if (n.attrs["out_dtype"] == "float32") == want_float else None
+    if n.op.name == "QBatchMatMul":  # a program from its float value
+        return (n, [], []) if want_float else None
     if want_float or n.attrs["out_dtype"] not in ("uint8", "int8") or len(n.inputs) != 6:
         return None
     return n, [], []
@@ -537,14 +540,17 @@ def _post_float(rw: Rewriter, x: Value, root: Node | None = None):
         inner = _post_float(rw, n.inputs[k])
         if inner is None or tuple(n.inputs[k].shape) != tuple(x.shape):
             continue
-        step = _addend(rw, n.inputs[1 - k], x)
+        step = _addend(rw, n.inputs[1 - k], x, inner[0])
         return step and _extend(inner, *step)
     return None
 
 
-def _addend(rw: Rewriter, v: Value, out: Value):
+def _addend(rw: Rewriter, v: Value, out: Value, base: Node):
     """An Add's other operand -> the step and its extra input: a constant over the last axis
-    (``addc``), or ``DQ(r)`` of run-time bytes of the output's shape (``addr``), else None."""
+    (``addc``), a run-time float vector over it (``addv``) or over the last two (``addm``: an
+    attention's mask added to every head's scores; the output one matrix, or the batches of a
+    QBatchMatMul, whose programs index within one), or ``DQ(r)`` of run-time bytes of the
+    output's shape (``addr``), else None."""
     c = rw.const(v)
     if c is None:
         c = _evaluate(rw, v, 2)
@@ -555,17 +561,26 @@ def _addend(rw: Rewriter, v: Value, out: Value):
             return None
         return ("addc",), np.broadcast_to(c.reshape(-1), (n,)).astype(np.float32)
     e = _dequantized(rw, v)
-    if e is None or e[0].dtype not in QTYPES or tuple(e[0].shape) != tuple(out.shape) or \
-            e[1].size != 1 or e[2].size != 1 or rw.const(e[0]) is not None:
+    if e is not None and e[0].dtype in QTYPES and tuple(e[0].shape) == tuple(out.shape) and \
+            e[1].size == 1 and e[2].size == 1 and rw.const(e[0]) is None:
+        return ("addr", float(e[1].reshape(())), float(np.float32(e[2].reshape(())))), e[0]
+    if v.dtype is not DType.float32 or not v.shape or len(v.shape) > len(out.shape):
         return None
-    return ("addr", float(e[1].reshape(())), float(np.float32(e[2].reshape(())))), e[0]
+    if tuple(v.shape[-1:]) == (n,) and all(d == 1 for d in v.shape[:-1]):
+        return ("addv",), v
+    one_matrix = base.op.name == "QBatchMatMul" or all(d == 1 for d in out.shape[:-2])
+    if len(v.shape) >= 2 and one_matrix and tuple(v.shape[-2:]) == tuple(out.shape[-2:]) and \
+            all(d == 1 for d in v.shape[:-2]):
+        return ("addm",), v
+    return None
 
 
 def _extend(found, step: tuple, extra=None):
     """(base, steps, extras) with one more step (and its extra input); None past the C
     kernels' limits (eight steps, one extra input of each kind)."""
     base, steps, extras = found
-    if len(steps) >= MAX_POST or step[0] in POST_INPUTS and any(s[0] == step[0] for s in steps):
+    slot = POST_INPUTS.get(step[0])
+    if len(steps) >= MAX_POST or slot and any(POST_INPUTS.get(s[0]) == slot for s in steps):
         return None
     return base, [*steps, step], extras + ([extra] if step[0] in POST_INPUTS else [])
 
@@ -585,13 +600,15 @@ def post_chain(node: Node, rw: Rewriter) -> Value | None:
     base, steps, extras = found
     if out.dtype is DType.float32 and not base.attrs["post"] and len(steps) == 1:
         return None  # a lone DequantizeLinear: its consumer fuses it
-    ins = list(base.inputs[:6])
+    ins = list(base.inputs[:post_start(base.op.name)])
     for e in extras:
         ins.append(e if isinstance(e, Value) else
                    rw.new_const(e, f"{base.name}_post{len(ins)}", _like(e, base.inputs[0])))
-    attrs = dict(base.attrs, post=tuple(steps), out_dtype=out.dtype.name, out_zp=0)
-    if not base.attrs["post"]:
-        attrs.update(mid_dtype=base.attrs["out_dtype"], mid_zp=base.attrs["out_zp"])
+    attrs = dict(base.attrs, post=tuple(steps), out_dtype=out.dtype.name)
+    if base.op.name != "QBatchMatMul":
+        attrs["out_zp"] = 0
+        if not base.attrs["post"]:
+            attrs.update(mid_dtype=base.attrs["out_dtype"], mid_zp=base.attrs["out_zp"])
     return rw.emit(base.op.name, ins, base.name if base.attrs["post"] else base.name + "_post",
                    **attrs)
 
