@@ -77,6 +77,12 @@ class QGemmSpec:
     w_zp: int = 0
     w_signed: bool = False
     scale: float = 1.0
+    trans_b: bool = False  # the second input [batch, n, k]
+    # output columns in heads of head_dim (a QMatMul's heads): column j at
+    # (j // head_dim) * head_stride + (j % head_dim) * the channel stride; a QBatchMatMul's
+    # merge_heads: head_dim n, head_stride the heads H (batch b * H + h at b * m * H * n + h * n)
+    head_dim: int = 0
+    head_stride: int = 0
     # int8 with a requantization program (ops/quant.py ``post``): the steps after the
     # contraction's own quantization (mid_out, mid_zp); their extra inputs follow the weights
     post: tuple = ()
@@ -108,15 +114,18 @@ def qgemm_spec(ctx) -> QGemmSpec:
         return _expand_dw_spec(ctx)
     if node.op.name == "QBatchMatMul":
         *lead, m, k = x.shape
-        n, batch = ctx.ins[1].shape[-1], 1
+        n, batch = ctx.ins[1].shape[-2 if ctx.attr("trans_b") else -1], 1
         for d in lead:
             batch *= d
+        heads = lead[-1] if ctx.attr("merge_heads") else 0  # rows H * n apart, heads n
         return QGemmSpec(m=m, n=n, k=k, c=k, x_signed=x.dtype is DType.int8,
                          x_zp=int(ctx.attr("a_zp")), out=ctx.attr("out_dtype"), out_zp=0,
-                         x_strides=(k, 0, 0, 1), out_strides=(n, 0, 1), algo="bmm", batch=batch,
+                         x_strides=(k, 0, 0, 1), out_strides=((heads or 1) * n, 0, 1),
+                         algo="bmm", batch=batch, head_dim=n if heads else 0,
+                         head_stride=heads,
                          w_zp=int(ctx.attr("b_zp")), w_signed=ctx.ins[1].dtype is DType.int8,
                          scale=float(ctx.attr("scale")), post=tuple(ctx.attr("post")),
-                         mid_out="float32")
+                         mid_out="float32", trans_b=bool(ctx.attr("trans_b")))
     if node.op.name.startswith("Packed"):
         kind = "fp32" if x.dtype is DType.float32 else "bf16"
         common = {"x_signed": False, "x_zp": 0, "out": ctx.attr("out"), "out_zp": 0, "kind": kind,
@@ -143,6 +152,12 @@ def qgemm_spec(ctx) -> QGemmSpec:
     if node.op.name in ("QMatMul", "PackedMatMul"):
         k, n = ctx.ins[1].shape
         m = x.numel // k
+        heads = int(ctx.attr("heads")) if node.op.name == "QMatMul" else 0
+        if heads:  # rows (image, pixel) = (batch, position): [B, H, S, D] out
+            s, d = x.shape[-2], n // heads
+            return QGemmSpec(m=m, n=n, k=k, c=k, weight_layout="KN", oh=s, ih=s,
+                             x_strides=(s * k, k, 0, 1), out_strides=(heads * s * d, d, 1),
+                             head_dim=d, head_stride=s * d, **common)
         return QGemmSpec(m=m, n=n, k=k, c=k, weight_layout="KN", x_strides=(k, 0, 0, 1), out_strides=(n, 0, 1),
                          **common)
     nhwc = node.op.name == "PackedConv" or ctx.attr("layout") == "NHWC"

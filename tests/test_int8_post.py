@@ -47,6 +47,13 @@ class _Model:
                                            [f"{k}d"]))
         return f"{k}d"
 
+    def again(self, src: str, k: str, out: str) -> str:
+        """Q and DQ with ``k``'s scale and zero point again (around a Reshape or Transpose)."""
+        self.nodes += [helper.make_node("QuantizeLinear", [src, f"s_{k}", f"z_{k}"], [out + "q"]),
+                       helper.make_node("DequantizeLinear", [out + "q", f"s_{k}", f"z_{k}"],
+                                        [out + "d"])]
+        return out + "d"
+
     def op(self, op: str, ins: list[str], out: str) -> str:
         self.nodes.append(helper.make_node(op, ins, [out], name=out))  # kernel notes name it
         return out
@@ -198,6 +205,66 @@ def test_attention_scores_and_mask_run_in_the_product(act, mask_shape, tmp_path,
     monkeypatch.setenv("DEPLOY_DISABLE_PASSES", "int8_residual")
     apart = deploy.compile(model, target=target)
     assert any("masked" in n for n in _kernels(apart))
+    np.testing.assert_array_equal(ours, apart.load().run(feeds)[0])
+    diff = np.abs(ours.astype(np.int32) - _as_written(model, feeds).astype(np.int32))
+    assert diff.max() <= 1 and np.mean(diff != 0) <= 1e-2, (diff.max(), np.mean(diff != 0))
+
+
+def _self_attention(act, heads=2, dim=32, seq=32):
+    """BERT's QDQ self-attention as onnxruntime.quantization writes it: q, k, v projections
+    (each quantized, its bias added, quantized), heads split off by Reshape and Transpose (k's
+    straight to k^T), the masked scores, softmax, p v, the heads merged back."""
+    m = _Model(act)
+    width = heads * dim
+    m.inits.update(split=np.array([1, seq, heads, dim], np.int64),
+                   merged=np.array([1, seq, width], np.int64))
+    x = m.q("x", "x", -2.0, 2.0)
+    perms = {"q": [0, 2, 1, 3], "k": [0, 2, 3, 1], "v": [0, 2, 1, 3]}
+    parts = {}
+    for name, perm in perms.items():
+        w = RNG.integers(-127, 128, (width, width)).astype(np.int8)
+        m.inits.update({f"w{name}": w, f"ws{name}": np.full(width, 1 / 127 / 6, np.float32),
+                        f"wz{name}": np.zeros(width, np.int8),
+                        f"b{name}": RNG.uniform(-0.3, 0.3, width).astype(np.float32)})
+        m.nodes.append(helper.make_node("DequantizeLinear", [f"w{name}", f"ws{name}",
+                                                             f"wz{name}"], [f"wd{name}"], axis=1))
+        y = m.q(m.op("MatMul", [x, f"wd{name}"], f"mm{name}"), f"mm{name}", -3.0, 3.0)
+        y = m.q(m.op("Add", [y, f"b{name}"], f"bias{name}"), f"y{name}", -3.0, 3.0)
+        y = m.again(m.op("Reshape", [y, "split"], f"split{name}"), f"y{name}", f"r{name}")
+        y = m.op("Transpose", [y], f"heads{name}")
+        m.nodes[-1].attribute.extend([helper.make_attribute("perm", perm)])
+        parts[name] = m.again(y, f"y{name}", f"t{name}")
+    s = m.q(m.op("MatMul", [parts["q"], parts["k"]], "scores"), "s", -12.0, 12.0)
+    s = m.q(m.op("Add", [s, "mask"], "masked"), "sm", -12.0, 6.0)
+    p = m.op("Softmax", [s], "p")
+    m.nodes[-1].attribute.extend([helper.make_attribute("axis", -1)])
+    o = m.q(m.op("MatMul", [m.q(p, "p", 0.0, 1.0), parts["v"]], "pv"), "o", -1.0, 1.0)
+    o = m.op("Transpose", [o], "merge")
+    m.nodes[-1].attribute.extend([helper.make_attribute("perm", [0, 2, 1, 3])])
+    o = m.op("Reshape", [m.again(o, "o", "om"), "merged"], "merged_out")
+    out = m.q(o, "out", -1.0, 1.0, dq=False)
+    inputs = [("x", np.float32, [1, seq, width]), ("mask", np.float32, [1, 1, 1, seq])]
+    return make_model(m.nodes, inputs, [(out, act, None)], m.inits, opset=17)
+
+
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_heads_are_split_and_merged_by_the_products(act, tmp_path, monkeypatch):
+    # the projections write their heads' layout, k^T is read as k's rows, p v writes the
+    # merged layout: no kernel of its own moves bytes
+    model = _self_attention(act)
+    feeds = {"x": RNG.uniform(-2.0, 2.0, [1, 32, 64]).astype(np.float32),
+             "mask": np.where(RNG.uniform(size=[1, 1, 1, 32]) < 0.8, 0.0, -10.0)
+             .astype(np.float32)}
+    target = _vnni_target(tmp_path)
+    art = deploy.compile(model, target=target)
+    notes = _kernels(art)
+    assert not any("Transpose" in n for n in notes), notes
+    assert sum(n.startswith("QMatMul") for n in notes) == 3, notes
+    assert sum(n.startswith("QBatchMatMul") for n in notes) == 2, notes
+    ours = art.load().run(feeds)[0]
+    monkeypatch.setenv("DEPLOY_DISABLE_PASSES", "int8_residual")
+    apart = deploy.compile(model, target=target)
+    assert sum("Transpose" in n for n in _kernels(apart)) >= 3
     np.testing.assert_array_equal(ours, apart.load().run(feeds)[0])
     diff = np.abs(ours.astype(np.int32) - _as_written(model, feeds).astype(np.int32))
     assert diff.max() <= 1 and np.mean(diff != 0) <= 1e-2, (diff.max(), np.mean(diff != 0))

@@ -72,6 +72,8 @@ typedef struct {
   int32_t mid_zp, res_zp;
   float mid_scale, res_scale, out_scale;
   const dp_qprog* post;  /* a requantization program, or NULL; then q has mid_kind, mid_zp */
+  int64_t hd, os_head;   /* hd > 0: columns in heads of hd (column j at (j / hd) * os_head +
+                            (j % hd) * os_ch), an attention's heads split by the epilogue */
 } dp_qgeom;
 
 /* the pointers of one call: packed weight, epilogue vectors, residual (bf16), output */
@@ -659,7 +661,8 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
   int np = 0;
 #endif
   for (int64_t r = 0; r < rows; r++) {
-    const int64_t base = obase[r] + n0 * g->os_ch;
+    const int64_t base = obase[r] + (g->hd ? (n0 / g->hd) * g->os_head + (n0 % g->hd) * g->os_ch
+                                           : n0 * g->os_ch);
     const int32_t rs = zw ? rsum[r] : 0;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (cols == DP_QNR && g->os_ch == 1) {  /* the 16 columns in one vector */
@@ -1268,8 +1271,23 @@ static void dp_qb_pack4x16(const uint8_t* bb, int64_t k, int64_t n, int64_t kq, 
 }
 #endif
 
+/* b given as its transpose bt[n][k] (trans_b): each column's k values are a row's bytes */
+static void dp_qb_pack_rows(const uint8_t* bt, int64_t k, int64_t n, int64_t kq, uint8_t flip,
+                            int8_t* w, int32_t* corr) {
+  for (int64_t j = 0; j < n; j++) {
+    const uint8_t* row = bt + j * k;
+    int8_t* wj = w + (j / DP_QNR) * kq * (DP_QNR * 4) + (j % DP_QNR) * 4;
+    int32_t sum = 0;
+    for (int64_t kk = 0; kk < k; kk++) {
+      sum += flip ? (int32_t)row[kk] : (int32_t)(int8_t)row[kk];
+      wj[kk / 4 * (DP_QNR * 4) + kk % 4] = (int8_t)(row[kk] ^ flip);
+    }
+    corr[j] = flip ? sum - 128 * (int32_t)k : sum;
+  }
+}
+
 static void dp_qbmm_one(const dp_qgeom* g, const uint8_t* a, const uint8_t* bb, int32_t zw,
-                        uint8_t flip, float scale, void* out) {
+                        uint8_t flip, int trans, float scale, void* out) {
   const int64_t n = g->n, k = g->c, kp = g->kp, np_ = g->np, kq = kp / 4;
   const int32_t zx = g->x_zp + (g->x_signed ? 128 : 0);
   const size_t wbytes = ((size_t)kp * np_ + 63) / 64 * 64;
@@ -1287,19 +1305,23 @@ static void dp_qbmm_one(const dp_qgeom* g, const uint8_t* a, const uint8_t* bb, 
     mult[j] = scale;
     off[j] = 0.0f;
   }
-  for (int64_t kk = 0; kk < k; kk++)  /* column sums of b (contiguous rows: vector code) */
-    for (int64_t j = 0; j < n; j++) corr[j] += bb[kk * n + j];
-  if (flip)
-    for (int64_t j = 0; j < n; j++) corr[j] -= 128 * (int32_t)k;
-  else  /* an int8 b: its bytes' sums were read unsigned */
-    for (int64_t j = 0; j < n; j++) corr[j] = dp_qb_signed_colsum(bb, k, n, j);
+  if (trans) {
+    dp_qb_pack_rows(bb, k, n, kq, flip, w, corr);
+  } else {
+    for (int64_t kk = 0; kk < k; kk++)  /* column sums of b (contiguous rows: vector code) */
+      for (int64_t j = 0; j < n; j++) corr[j] += bb[kk * n + j];
+    if (flip)
+      for (int64_t j = 0; j < n; j++) corr[j] -= 128 * (int32_t)k;
+    else  /* an int8 b: its bytes' sums were read unsigned */
+      for (int64_t j = 0; j < n; j++) corr[j] = dp_qb_signed_colsum(bb, k, n, j);
+  }
 #ifdef __SSE2__
   const int fast = n % DP_QNR == 0 && k % 4 == 0;
 #else
   const int fast = 0;
 #endif
-  if (fast) dp_qb_pack4x16(bb, k, n, kq, flip, w);
-  for (int64_t kk = 0; kk < (fast ? 0 : k); kk++) {
+  if (fast && !trans) dp_qb_pack4x16(bb, k, n, kq, flip, w);
+  for (int64_t kk = 0; kk < (fast || trans ? 0 : k); kk++) {
     int8_t* wk = w + kk / 4 * (DP_QNR * 4) + kk % 4;
     for (int64_t j = 0; j < n; j++)
       wk[(j / DP_QNR) * kq * (DP_QNR * 4) + (j % DP_QNR) * 4] = (int8_t)(bb[kk * n + j] ^ flip);
@@ -1310,11 +1332,12 @@ static void dp_qbmm_one(const dp_qgeom* g, const uint8_t* a, const uint8_t* bb, 
 
 __attribute__((noinline, noclone))
 static void dp_qbmm(const dp_qgeom* g, int64_t batch, const void* a, const void* b, int32_t b_zp,
-                    int b_signed, float scale, void* out) {
+                    int b_signed, int trans_b, int64_t heads, float scale, void* out) {
+  /* heads > 0: the heads merged back, out[b][m][h][n] for batch b * heads + h */
   const int64_t m = g->m, n = g->n, k = g->c, esize = g->out_kind == 0 ? 4 : 1;
 #pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
   for (int64_t bi = 0; bi < batch; bi++)
     dp_qbmm_one(g, (const uint8_t*)a + bi * m * k, (const uint8_t*)b + bi * k * n,
-                b_signed ? b_zp : b_zp - 128, b_signed ? 0 : 0x80, scale,
-                (char*)out + bi * m * n * esize);
+                b_signed ? b_zp : b_zp - 128, b_signed ? 0 : 0x80, trans_b, scale,
+                (char*)out + (heads ? bi / heads * m * heads * n + bi % heads * n : bi * m * n) * esize);
 }

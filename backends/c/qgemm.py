@@ -290,10 +290,11 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     if s.post:
         lines += _render_post(s, names)
         args[6] = "NULL"
-    if is_sym(rows) or s.post:
+    if is_sym(rows) or s.post or s.head_dim:
         lines += [f"  dp_qgeom g_ = {{{', '.join(fields)}}};"]
         lines += [f"  g_.m = {c_size(rows)};"] if is_sym(rows) else []
         lines += ["  g_.post = &p_;"] if s.post else []
+        lines += [f"  g_.hd = {s.head_dim}, g_.os_head = {s.head_stride};"] if s.head_dim else []
     else:
         lines.append(f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};")
     return lines + [f"  dp_qgemm(&g_, {', '.join(args)}, {out});"]
@@ -308,7 +309,8 @@ def _render_bmm(s, kp: int, np_: int, names: dict[str, str], out: str) -> list[s
     fields = [str(int(v)) for v in geom] + ["0.0f", "0.0f", "0", "0", "0", "0", "0",
                                               "1.0f", "1.0f", "1.0f"]
     call = (f"  dp_qbmm(&g_, {s.batch}, {names['x']}, {names['b']}, {s.w_zp}, "
-            f"{int(s.w_signed)}, {_float(s.scale)}, {out});")
+            f"{int(s.w_signed)}, {int(s.trans_b)}, {s.head_stride if s.head_dim else 0}, "
+            f"{_float(s.scale)}, {out});")
     lines = [f"  /* int8 {s.path}: {s.batch} x ({s.m} x {s.n} x {s.k}), run-time operands */"]
     if not s.post:
         return lines + [f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};", call]

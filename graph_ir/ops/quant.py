@@ -16,7 +16,9 @@ The ``int8`` pass (``graph_ir/passes/quantized.py``) makes them from a QDQ model
 output scale), as ONNX Runtime's QLinearConv / QLinearMatMul requantize.
 
 ``QBatchMatMul(a, b)``: both operands run-time bytes (a QDQ attention's ``q k^T`` and ``p v``),
-``float32(sum_k (a - a_zp) * (b - b_zp)) * scale`` per batch (the leading dims, equal in both).
+``float32(sum_k (a - a_zp) * (b - b_zp)) * scale`` per batch (the leading dims, equal in both);
+with ``trans_b`` b is ``[..., N, K]`` (``k`` itself for ``q k^T``); with ``merge_heads`` the
+output ``[..., H, M, N]`` is written as ``[..., M, H, N]`` (the heads merged back).
 
 A QConv may take a seventh input ``r`` (uint8 / int8, the output's shape and layout: a QDQ
 residual, ``fold_residuals``): its requantized value ``q`` (``mid_dtype``, zero point ``mid_zp``;
@@ -86,7 +88,18 @@ def _qmatmul_shape(ins, attrs):
     if len(w.shape) != 2 or x.shape[-1] != w.shape[0]:
         raise ValueError(f"QMatMul: x {list(x.shape)} @ w {list(w.shape)}: w must be [K, N] "
                          f"with K the last dim of x")
+    h = attrs.get("heads", 0)
+    if h:  # [..., S, K] -> [..., H, S, N / H]
+        if len(x.shape) < 2 or w.shape[1] % h:
+            raise ValueError(f"QMatMul: {h} heads of x {list(x.shape)} @ w {list(w.shape)}")
+        return [tuple(x.shape[:-2]) + (h, x.shape[-2], w.shape[1] // h)]
     return [tuple(x.shape[:-1]) + (w.shape[1],)]
+
+
+def _split_heads(y: np.ndarray, h: int) -> np.ndarray:
+    """[..., S, N] -> [..., H, S, N / H] (the heads' Reshape and Transpose)."""
+    *lead, s, n = y.shape
+    return np.moveaxis(y.reshape(*lead, s, h, n // h), -2, -3)
 
 
 def _qmatmul_ref(ins, attrs):
@@ -94,9 +107,8 @@ def _qmatmul_ref(ins, attrs):
     xs = x.astype(np.int64) - attrs["x_zp"]
     ws = w.astype(np.int64) - np.asarray(w_zp, np.int64).reshape(1, -1)
     acc = np.matmul(xs, ws)
-    if attrs.get("post"):
-        return [_post(acc, ins, attrs)]
-    return [_epilogue(acc, ins, attrs, acc.ndim - 1)]
+    y = _post(acc, ins, attrs) if attrs.get("post") else _epilogue(acc, ins, attrs, acc.ndim - 1)
+    return [_split_heads(y, attrs["heads"]) if attrs.get("heads") else y]
 
 
 # the steps that read an extra input -> its kind (addc and addv share the vector's slot)
@@ -143,31 +155,41 @@ def _run_post(start: np.ndarray, extras, attrs) -> np.ndarray:
 
 
 QMatMul = define("QMatMul", Kind.OPAQUE, _qmatmul_shape, _out_dtype, _qmatmul_ref,
-                 x_zp=0, out_dtype="float32", out_zp=0, mid_dtype="", mid_zp=0, post=(),
+                 x_zp=0, out_dtype="float32", out_zp=0, mid_dtype="", mid_zp=0, post=(), heads=0,
                  doc="x[..., K] @ w[K, N] in integers (zero points subtracted), then "
                      "float(acc + bias) * mult + offset, requantized unless out_dtype is float32 "
-                     "(then the requantization program post, if any).")
+                     "(then the requantization program post, if any); heads > 0 writes "
+                     "[..., S, N] as [..., heads, S, N / heads].")
 
 
 def _qbmm_shape(ins, attrs):
     a, b = ins[0], ins[1]
-    if len(a.shape) < 2 or len(b.shape) != len(a.shape) or a.shape[-1] != b.shape[-2] \
+    kb = -1 if attrs.get("trans_b") else -2  # b's reduction axis
+    if len(a.shape) < 2 or len(b.shape) != len(a.shape) or a.shape[-1] != b.shape[kb] \
             or tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
         raise ValueError(f"QBatchMatMul: a {list(a.shape)} @ b {list(b.shape)}: [..., M, K] @ "
-                         f"[..., K, N] with the same batch dims")
-    return [tuple(a.shape[:-1]) + (b.shape[-1],)]
+                         f"[..., K, N] ([..., N, K] with trans_b) with the same batch dims")
+    out = tuple(a.shape[:-1]) + (b.shape[-1 if kb == -2 else -2],)
+    if attrs.get("merge_heads"):  # [..., H, M, N] -> [..., M, H, N]
+        if len(out) < 3:
+            raise ValueError(f"QBatchMatMul: merge_heads needs a heads axis, a {list(a.shape)}")
+        return [out[:-3] + (out[-2], out[-3], out[-1])]
+    return [out]
 
 
 def _qbmm_ref(ins, attrs):
     a = ins[0].astype(np.int64) - attrs["a_zp"]
     b = ins[1].astype(np.int64) - attrs["b_zp"]
+    if attrs.get("trans_b"):
+        b = np.swapaxes(b, -1, -2)
     v = np.matmul(a, b).astype(np.float32) * np.float32(attrs["scale"])
-    return [_run_post(v, ins[2:], attrs) if attrs.get("post") else v]
+    y = _run_post(v, ins[2:], attrs) if attrs.get("post") else v
+    return [np.moveaxis(y, -3, -2) if attrs.get("merge_heads") else y]
 
 
 QBatchMatMul = define("QBatchMatMul", Kind.OPAQUE, _qbmm_shape, _out_dtype, _qbmm_ref,
-                      a_zp=0, b_zp=0, scale=1.0, out_dtype="float32", mid_dtype="float32",
-                      mid_zp=0, post=(),
+                      a_zp=0, b_zp=0, scale=1.0, trans_b=0, merge_heads=0, out_dtype="float32",
+                      mid_dtype="float32", mid_zp=0, post=(),
                       doc="a[..., M, K] @ b[..., K, N], both run-time uint8 / int8 tensors with "
                           "per-tensor zero points: float32(acc) * scale, acc exact in integers.")
 

@@ -26,7 +26,10 @@ constants) until this pass has looked at them. The rules, tried to a fixpoint:
    contraction's own QuantizeLinear (``Q(DQ(QMatMul(x)) + bias)``, BERT's projections with
    their float biases; a table lookup after it, ``int8_lut``'s GELU; a residual add and the
    DequantizeLinear a LayerNorm reads) -> the contraction's requantization program ``post``
-   (``ops/quant.py``), run in its epilogue in the same float32 steps.
+   (``ops/quant.py``), run in its epilogue in the same float32 steps; then an attention's
+   head split of a projection's bytes (Reshape, Transpose (0, 2, 1, 3)) -> the QMatMul's
+   ``heads``, and the heads merged back after ``p v`` -> the QBatchMatMul's ``merge_heads``:
+   each writes that layout.
 
 Before: ``%y = Cast(Min(Max(Add(Round(Div(Conv(Mul(Sub(Cast(%xq), 128), 0.02), %w_f32), 0.1),
 3), 0), 255), uint8)``. After: ``%y = QConv(%xq, %wq, %w_zp, %bias, %mult, %offset)`` with
@@ -197,8 +200,25 @@ def batch_matmul(node: Node, rw: Rewriter) -> Value | None:
     if a is None or b is None:
         return None
     (qa, za, sa), (qb, zb, sb) = a, b
+    qb, trans = _rows_of_b(rw, qb)
     return rw.emit("QBatchMatMul", [qa, qb], node.name, a_zp=za, b_zp=zb,
-                   scale=float(np.float32(sa) * np.float32(sb)))
+                   scale=float(np.float32(sa) * np.float32(sb)), trans_b=trans)
+
+
+def _rows_of_b(rw: Rewriter, qb: Value) -> tuple[Value, int]:
+    """``b`` moved last by a Transpose that makes its last axis (k^T: the keys' channels
+    become b's rows) -> the same transpose with b's last two axes swapped back and
+    ``trans_b``: b read as [..., N, K], its rows contiguous (a head split, which the key
+    projection's epilogue writes), else (qb, 0)."""
+    t = rw.prod(qb, "Transpose")
+    perm = tuple(t.attrs["perm"]) if t is not None else ()
+    last = len(perm) - 1
+    if len(perm) < 2 or perm[-1] == last or perm[-2] != last:
+        return qb, 0
+    swapped = (*perm[:-2], perm[-1], perm[-2])
+    if swapped == tuple(range(len(perm))):
+        return t.inputs[0], 1
+    return rw.emit("Transpose", [t.inputs[0]], t.name + "_rows", perm=swapped), 1
 
 
 def _like(arr: np.ndarray, v: Value):
@@ -613,6 +633,37 @@ def post_chain(node: Node, rw: Rewriter) -> Value | None:
                    **attrs)
 
 
+def head_split(node: Node, rw: Rewriter) -> Value | None:
+    # Transpose(Reshape(QMatMul(x)), (0, 2, 1, 3)): [B, S, H * D] -> [B, H, S, D], an
+    # attention's heads split off a projection -> the QMatMul writes that layout itself
+    # (D a whole number of 16-column panels; no residual or mask step, whose inputs keep
+    # the projection's layout)
+    if tuple(node.attrs["perm"]) != (0, 2, 1, 3):
+        return None
+    r = rw.prod(node.inputs[0], "Reshape")
+    q = rw.prod(r.inputs[0], "QMatMul") if r is not None else None
+    if q is None or q.attrs["heads"] or not rw.single_use(r.inputs[0]) or \
+            not rw.single_use(node.inputs[0]):
+        return None
+    shape, split = tuple(q.outputs[0].shape), tuple(r.outputs[0].shape)
+    if len(shape) != 3 or not all(isinstance(d, int) for d in (*shape, *split)) or \
+            split[:2] != shape[:2] or len(split) != 4 or split[2] * split[3] != shape[2] or \
+            split[3] % 16 or any(s[0] in ("addr", "addm") for s in q.attrs["post"]):
+        return None
+    return rw.emit("QMatMul", list(q.inputs), q.name, **dict(q.attrs, heads=split[2]))
+
+
+def merge_heads(node: Node, rw: Rewriter) -> Value | None:
+    # Transpose(QBatchMatMul(p, v), (0, 2, 1, 3)): an attention's heads merged back ->
+    # the product writes each head's rows into the merged layout
+    q = rw.prod(node.inputs[0], "QBatchMatMul")
+    if tuple(node.attrs["perm"]) != (0, 2, 1, 3) or q is None or q.attrs["merge_heads"] or \
+            not rw.single_use(node.inputs[0]) or len(q.outputs[0].shape) != 4 or \
+            any(s[0] in ("addr", "addm") for s in q.attrs["post"]):
+        return None
+    return rw.emit("QBatchMatMul", list(q.inputs), q.name, **dict(q.attrs, merge_heads=1))
+
+
 def fold_residuals(g: Graph, target=None) -> Graph:
     """QDQ residual adds into the channels-last QConv before them (``residual_add``), then
     the remaining float steps after a contraction's bytes into its requantization program
@@ -623,7 +674,9 @@ def fold_residuals(g: Graph, target=None) -> Graph:
         return g
     g, fired = rewrite(g, [("Cast", residual_add)])
     g, more = rewrite(dce(g) if fired else g, [("Cast", post_chain), ("Mul", post_chain)])
-    return dce(g) if fired or more else g
+    g, split = rewrite(dce(g) if more else g, [("Transpose", head_split),
+                                               ("Transpose", merge_heads)])
+    return dce(g) if fired or more or split else g
 
 
 RULES = [("MatMul", contraction), ("Conv", contraction), ("Add", add_bias), ("Cast", requantize),
