@@ -1274,14 +1274,23 @@ static void dp_qb_pack4x16(const uint8_t* bb, int64_t k, int64_t n, int64_t kq, 
 /* b given as its transpose bt[n][k] (trans_b): each column's k values are a row's bytes */
 static void dp_qb_pack_rows(const uint8_t* bt, int64_t k, int64_t n, int64_t kq, uint8_t flip,
                             int8_t* w, int32_t* corr) {
+  const uint32_t flip4 = flip * 0x01010101u;
   for (int64_t j = 0; j < n; j++) {
     const uint8_t* row = bt + j * k;
     int8_t* wj = w + (j / DP_QNR) * kq * (DP_QNR * 4) + (j % DP_QNR) * 4;
     int32_t sum = 0;
-    for (int64_t kk = 0; kk < k; kk++) {
-      sum += flip ? (int32_t)row[kk] : (int32_t)(int8_t)row[kk];
-      wj[kk / 4 * (DP_QNR * 4) + kk % 4] = (int8_t)(row[kk] ^ flip);
+    if (flip)
+      for (int64_t kk = 0; kk < k; kk++) sum += row[kk];
+    else
+      for (int64_t kk = 0; kk < k; kk++) sum += (int8_t)row[kk];
+    int64_t kk = 0;
+    for (; kk + 4 <= k; kk += 4) {  /* a quad of k: one 32-bit unit of the panel */
+      uint32_t v;
+      memcpy(&v, row + kk, 4);
+      v ^= flip4;
+      memcpy(wj + kk / 4 * (DP_QNR * 4), &v, 4);
     }
+    for (; kk < k; kk++) wj[kk / 4 * (DP_QNR * 4) + kk % 4] = (int8_t)(row[kk] ^ flip);
     corr[j] = flip ? sum - 128 * (int32_t)k : sum;
   }
 }
