@@ -31,7 +31,7 @@
 #endif
 
 #define DP_QMR 6
-#define DP_QPREFETCH_ROWS 256  /* contractions of at most this many rows prefetch weights */
+#define DP_QPREFETCH_ROWS 256  /* MatMuls of at most this many rows prefetch weights */
 #define DP_QNR 16
 #ifndef DP_QTILES
 #define DP_QTILES 4  /* tiles per thread the column split aims at (dynamic balance) */
@@ -647,22 +647,78 @@ static inline void dp_qp_st16(void* out, int64_t o, int kind, __m512 x, __m512i 
 #endif
 
 /* ---- epilogue: rows [m0, m0 + rows) of one 16-column panel at n0 ---- */
+/* where column n0 of a row starts (heads: hd columns a head, os_head apart) */
+static inline int64_t dp_q_col(const dp_qgeom* g, int64_t n0) {
+  return g->hd ? (n0 / g->hd) * g->os_head + (n0 % g->hd) * g->os_ch : n0 * g->os_ch;
+}
+
+/* the epilogue of a contraction with a requantization program: its own quantization to q
+   (mid_kind, mid_zp; or its float value, mid_kind 0), then the program (dp_qprog) on rows of
+   16 channels, up to DP_QPOST_ROWS a call, or element by element */
+__attribute__((noinline))
+static void dp_q_store_post(const dp_qgeom* g, const int32_t* acc, const int64_t* obase,
+                            int64_t rows, int64_t n0, const int32_t* corr, const float* mult,
+                            const float* off, const int32_t* zw, const int32_t* rsum, void* out) {
+  const int64_t cols = g->n - n0 < DP_QNR ? g->n - n0 : DP_QNR;
+  const int from_float = g->mid_kind == 0;
+  const int32_t zq = g->mid_zp, lo = g->mid_kind == 1 ? 0 : -128, hi = g->mid_kind == 1 ? 255 : 127;
+  const dp_qprog* p = g->post;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if (cols == DP_QNR && g->os_ch == 1) {
+    int32_t pq[DP_QPOST_ROWS * DP_QNR] __attribute__((aligned(64)));
+    int64_t po[DP_QPOST_ROWS];
+    for (int64_t r0 = 0; r0 < rows; r0 += DP_QPOST_ROWS) {
+      const int nr = rows - r0 < DP_QPOST_ROWS ? (int)(rows - r0) : DP_QPOST_ROWS;
+      for (int i = 0; i < nr; i++) {
+        const int64_t r = r0 + i;
+        __m512i t = _mm512_add_epi32(_mm512_loadu_si512((const void*)(acc + r * 16)),
+                                     _mm512_loadu_si512((const void*)(corr + n0)));
+        if (zw) t = _mm512_sub_epi32(t, _mm512_mullo_epi32(
+            _mm512_loadu_si512((const void*)(zw + n0)), _mm512_set1_epi32(rsum[r])));
+        const __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t),
+                                                     _mm512_loadu_ps(mult + n0)),
+                                       _mm512_loadu_ps(off + n0));
+        __m512i q = _mm512_castps_si512(v);
+        if (!from_float) {
+          q = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(zq));
+          q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
+        }
+        _mm512_store_si512((void*)(pq + DP_QNR * i), q);
+        po[i] = obase[r] + dp_q_col(g, n0);
+      }
+      p->p16(p, pq, po, nr, n0, out);
+    }
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t base = obase[r] + dp_q_col(g, n0);
+    const int32_t rs = zw ? rsum[r] : 0;
+    for (int64_t j = 0; j < cols; j++) {
+      const int32_t t = acc[r * DP_QNR + j] + corr[n0 + j] - (zw ? zw[n0 + j] * rs : 0);
+      float v = (float)t * mult[n0 + j];  /* as dp_q_store */
+      v = v + off[n0 + j];
+      int32_t q = (int32_t)nearbyintf(v) + zq;
+      if (from_float) memcpy(&q, &v, 4);  /* the float value's bits */
+      else q = q < lo ? lo : q > hi ? hi : q;
+      p->p1(p, q, n0 + j, base + j * g->os_ch, out);
+    }
+  }
+}
+
 static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* obase, int64_t rows,
                        int64_t n0, const int32_t* corr, const float* mult, const float* off,
                        const int32_t* zw, const int32_t* rsum, const void* res, void* out) {
+  if (g->post) {
+    dp_q_store_post(g, acc, obase, rows, n0, corr, mult, off, zw, rsum, out);
+    return;
+  }
   const int64_t cols = g->n - n0 < DP_QNR ? g->n - n0 : DP_QNR;
-  const int mid = g->res_kind || g->post;  /* requantized steps follow the contraction's own */
-  const int kind = mid ? g->mid_kind : g->out_kind;  /* the contraction's own type */
-  const int32_t zq = mid ? g->mid_zp : g->out_zp;
+  const int kind = g->res_kind ? g->mid_kind : g->out_kind;  /* the contraction's own type */
+  const int32_t zq = g->res_kind ? g->mid_zp : g->out_zp;
   const int32_t lo = kind == 1 ? 0 : -128, hi = kind == 1 ? 255 : 127;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  int32_t pq[DP_QPOST_ROWS * DP_QNR] __attribute__((aligned(64)));  /* a program's rows */
-  int64_t po[DP_QPOST_ROWS];
-  int np = 0;
-#endif
   for (int64_t r = 0; r < rows; r++) {
-    const int64_t base = obase[r] + (g->hd ? (n0 / g->hd) * g->os_head + (n0 % g->hd) * g->os_ch
-                                           : n0 * g->os_ch);
+    const int64_t base = obase[r] + dp_q_col(g, n0);
     const int32_t rs = zw ? rsum[r] : 0;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (cols == DP_QNR && g->os_ch == 1) {  /* the 16 columns in one vector */
@@ -672,13 +728,7 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
           _mm512_loadu_si512((const void*)(zw + n0)), _mm512_set1_epi32(rs)));
       __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_loadu_ps(mult + n0)),
                                _mm512_loadu_ps(off + n0));
-      if (g->out_kind == 0 && !g->post) { _mm512_storeu_ps((float*)out + base, v); continue; }
-      if (g->post && g->mid_kind == 0) {  /* a program from the float value */
-        _mm512_store_ps((float*)(pq + DP_QNR * np), v);
-        po[np++] = base;
-        if (np == DP_QPOST_ROWS) g->post->p16(g->post, pq, po, np, n0, out), np = 0;
-        continue;
-      }
+      if (g->out_kind == 0) { _mm512_storeu_ps((float*)out + base, v); continue; }
       if (g->res_kind && g->mid_kind == 0) {  /* a float mid: the residual adds to v */
         __m512i qr = dp_q_resv16(g, v, (const char*)res + base);
         _mm_storeu_si128((__m128i*)((char*)out + base), _mm512_cvtepi32_epi8(qr));
@@ -686,19 +736,13 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
       }
       __m512i qi = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(zq));
       qi = _mm512_min_epi32(_mm512_max_epi32(qi, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
-      if (g->post) {
-        _mm512_store_si512((void*)(pq + DP_QNR * np), qi);
-        po[np++] = base;
-        if (np == DP_QPOST_ROWS) g->post->p16(g->post, pq, po, np, n0, out), np = 0;
-        continue;
-      }
       if (g->res_kind) qi = dp_q_res16(g, qi, (const char*)res + base);
       _mm_storeu_si128((__m128i*)((char*)out + base), _mm512_cvtepi32_epi8(qi));
       continue;
     }
 #endif
 #ifdef __AVX2__
-    if (cols == DP_QNR && g->os_ch == 1 && !g->post) {  /* (a program runs per element) */
+    if (cols == DP_QNR && g->os_ch == 1) {
       __m256i q[2];
       for (int h = 0; h < 2; h++) {
         __m256i t = _mm256_add_epi32(_mm256_loadu_si256((const __m256i*)(acc + r * 16 + 8 * h)),
@@ -730,15 +774,8 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
       float v = (float)t * mult[n0 + j];
       v = v + off[n0 + j];
       int64_t o = base + j * g->os_ch;
-      if (g->out_kind == 0 && !g->post) { ((float*)out)[o] = v; continue; }
+      if (g->out_kind == 0) { ((float*)out)[o] = v; continue; }
       int32_t qi;
-      if (g->post) {  /* from the bytes, or from the float value's bits (mid_kind 0) */
-        qi = (int32_t)nearbyintf(v) + zq;
-        if (g->mid_kind == 0) memcpy(&qi, &v, 4);
-        else qi = qi < lo ? lo : qi > hi ? hi : qi;
-        g->post->p1(g->post, qi, n0 + j, o, out);
-        continue;
-      }
       if (g->res_kind && g->mid_kind == 0) {
         qi = dp_q_resv1(g, v, res, o);  /* a float mid */
       } else {
@@ -750,9 +787,6 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
       else ((int8_t*)out)[o] = (int8_t)qi;
     }
   }
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  if (np) g->post->p16(g->post, pq, po, np, n0, out);
-#endif
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -950,9 +984,10 @@ static void dp_q_run(const dp_qgeom* g, const char* a, int64_t lda, int in_place
     const char* bpan = (const char*)q->bp + p * kq * 64;
     /* the next panels' weights are asked into L2 a slice per block of rows: in a whole
        model they come from memory (each weight is read once a call), and the first block of
-       rows would wait for each line in turn; with many rows that wait is a small part, and
-       the prefetches cost more than they save (ResNet-50's int8 convolutions, 1.5%) */
-    const int64_t next = p + step < p1 && g->m <= DP_QPREFETCH_ROWS
+       rows would wait for each line in turn (MatMuls of at most DP_QPREFETCH_ROWS rows; with
+       more rows that wait is a small part, and on ResNet-50's int8 convolutions the
+       prefetches cost more than they saved) */
+    const int64_t next = p + step < p1 && g->m <= DP_QPREFETCH_ROWS && g->ow == 1 && g->kh * g->kw == 1
                              ? ((pair && p + step + 1 < p1 ? 2 : 1) * kq * 64) : 0;
     const int64_t slice = (next / rblocks + 63) / 64 * 64;
     for (int64_t rb = 0; rb < rblocks; rb++) {
