@@ -636,8 +636,8 @@ def post_chain(node: Node, rw: Rewriter) -> Value | None:
 def head_split(node: Node, rw: Rewriter) -> Value | None:
     # Transpose(Reshape(QMatMul(x)), (0, 2, 1, 3)): [B, S, H * D] -> [B, H, S, D], an
     # attention's heads split off a projection -> the QMatMul writes that layout itself
-    # (D a whole number of 16-column panels; no residual or mask step, whose inputs keep
-    # the projection's layout)
+    # (D a whole number of 16-column panels; a projection with a requantization program, as
+    # QDQ BERT's are; no residual or mask step, whose inputs keep the projection's layout)
     if tuple(node.attrs["perm"]) != (0, 2, 1, 3):
         return None
     r = rw.prod(node.inputs[0], "Reshape")
@@ -648,8 +648,9 @@ def head_split(node: Node, rw: Rewriter) -> Value | None:
     shape, split = tuple(q.outputs[0].shape), tuple(r.outputs[0].shape)
     if len(shape) != 3 or not all(isinstance(d, int) for d in (*shape, *split)) or \
             split[:2] != shape[:2] or len(split) != 4 or split[2] * split[3] != shape[2] or \
-            split[3] % 16 or any(s[0] in ("addr", "addm") for s in q.attrs["post"]):
-        return None
+            split[3] % 16 or not q.attrs["post"] or \
+            any(s[0] in ("addr", "addm") for s in q.attrs["post"]):
+        return None  # (the epilogue of a program writes heads: qgemm.h dp_q_store_post)
     return rw.emit("QMatMul", list(q.inputs), q.name, **dict(q.attrs, heads=split[2]))
 
 
