@@ -116,6 +116,24 @@ def test_reductions_and_integer_ops(tmp_path):
     check(mod, model, {"x": rand(5, 300)}, rtol=1e-4, atol=1e-4)
 
 
+def _softmax_epilogue():
+    # a softmax's result quantized, as a QDQ attention writes it: the steps join its kernel
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    return make_model(nodes, [("x", np.float32, [4, 8, 200])], [("y", np.float32, [4, 8, 200])],
+                      initializers={"s": np.float32(1 / 255), "z": np.uint8(0)}, opset=17)
+
+
+def test_softmax_with_an_elementwise_epilogue(tmp_path):
+    model = _softmax_epilogue()
+    _, mod = compiled(model, tmp_path)
+    notes = [k.get("note", "") for k in mod.manifest["kernels"]]
+    assert any("Softmax" in n and "Round" in n for n in notes), notes
+    # one quantization step where a probability lands within float rounding of a tie
+    check(mod, model, {"x": rand(4, 8, 200)}, rtol=0, atol=1 / 255 + 1e-6)
+
+
 def test_fp16_matmul(tmp_path):
     model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])],
                        [("a", np.float16, [64, 96]), ("b", np.float16, [96, 80])],

@@ -64,3 +64,20 @@ def test_fused_gelu_matmul_kernel_matches_ort():
     art = deploy.compile(model)
     assert art.manifest["kernel_count"] == 1
     check_against_ort(model, {"x": rng.standard_normal((5, 16)).astype(np.float32)})
+
+
+def test_a_softmax_takes_its_quantization_as_an_epilogue():
+    # Q(Softmax(x)) (a QDQ attention's probabilities): one kernel, as a LayerNorm's Q is
+    import deploy
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["q"])]
+    model = make_model(nodes, [("x", np.float32, [2, 4, 32])], [("q", np.uint8, [2, 4, 32])],
+                       initializers={"s": np.float32(1 / 255), "z": np.uint8(0)}, opset=17)
+    art = deploy.compile(model, target="host")
+    notes = [k.get("note", "") for k in art.manifest["kernels"]]
+    assert len(notes) == 1 and "Softmax" in notes[0] and "Round" in notes[0], notes
+    x = np.random.default_rng(5).standard_normal((2, 4, 32)).astype(np.float32)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    ref = np.clip(np.rint(e / e.sum(-1, keepdims=True) * 255), 0, 255)
+    diff = np.abs(art.load().run({"x": x})[0].astype(np.int32) - ref)
+    assert diff.max() <= 1 and np.mean(diff != 0) <= 1e-2

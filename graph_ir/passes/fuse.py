@@ -84,8 +84,9 @@ def _pattern_after_join(g: Group, n: Node) -> str | None:
 
 
 def _norm_epilogue(g: Group, n: Node) -> bool:
-    """``n`` elementwise on a Normalize group's values and scalar constants, same shape."""
-    if g.nodes[0].op.name != "Normalize" or n.op.kind is not Kind.ELEMENTWISE or \
+    """``n`` elementwise on a Normalize or Softmax group's values and scalar constants, same
+    shape (a QuantizeLinear of the result: the bytes the next integer product reads)."""
+    if g.nodes[0].op.name not in ("Normalize", "Softmax") or n.op.kind is not Kind.ELEMENTWISE or \
             any(m.op.kind is not Kind.ELEMENTWISE for m in g.nodes[1:]):
         return False
     return tuple(n.outputs[0].shape) == tuple(g.nodes[0].outputs[0].shape) and \
