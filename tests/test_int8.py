@@ -471,3 +471,42 @@ def test_rescale_between_matching_quantizations_folds(op, c, s2_factor, folds):
     ours = art.load().run({"x": x})[0]
     ref = _ort(model, x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     np.testing.assert_array_equal(ours, ref)
+
+
+def _residual_spec(mid_zp, mid_scale, res_zp, res_scale, out_scale, out_zp, relu=False):
+    import dataclasses
+
+    from deploy.tensor_ir.qgemm import QGemmSpec
+    base = QGemmSpec(m=1, n=16, k=64, x_signed=False, x_zp=0, out="uint8", out_zp=0,
+                     residual=True, mid_out="uint8")
+    return dataclasses.replace(base, mid_zp=mid_zp, mid_scale=mid_scale, res_zp=res_zp,
+                               res_scale=res_scale, out_scale=out_scale, out_zp=out_zp, relu=relu)
+
+
+def _residual_bytes(s, divide: bool) -> np.ndarray:
+    """Every (contraction byte, residual byte) pair's output, the kernel's float32 steps."""
+    f = np.float32
+    a = (np.arange(256, dtype=f) - f(s.mid_zp)) * f(s.mid_scale)
+    b = (np.arange(256, dtype=f) - f(s.res_zp)) * f(s.res_scale)
+    v = a[:, None] + b[None, :]
+    v = v / f(s.out_scale) if divide else v * (f(1) / f(s.out_scale))
+    return np.clip(np.rint(v) + f(s.out_zp), 0, 255)
+
+
+@pytest.mark.parametrize("params,exact", [
+    ((118, 0.04, 125, 0.05, 0.07, 12), True),
+    ((120, 0.05, 130, 0.04, 0.06, 10), False),
+    # a pair whose quotient and product round apart (found among random scales)
+    ((189, 0.08230143040418625, 197, 0.040435221046209335, 0.03011355921626091, 43), False),
+    ((64, 0.07782713323831558, 255, 0.08323251456022263, 0.026695340871810913, 199), False)])
+def test_residual_division_becomes_a_product_only_where_exact(params, exact):
+    # the C kernels multiply by 1 / out_scale only where all 65536 byte pairs round as the
+    # graph's division does (backends/c/qgemm.py residual_reciprocal)
+    from deploy.backends.c.qgemm import residual_reciprocal
+    s = _residual_spec(*params)
+    same = np.array_equal(_residual_bytes(s, True), _residual_bytes(s, False))
+    assert same == exact
+    inv = residual_reciprocal(s)
+    assert (inv != 0.0) == exact
+    if exact:
+        assert np.float32(inv) == np.float32(1) / np.float32(s.out_scale)

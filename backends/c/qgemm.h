@@ -75,6 +75,8 @@ typedef struct {
   int64_t hd, os_head;   /* hd > 0: columns in heads of hd (column j at (j / hd) * os_head +
                             (j % hd) * os_ch), an attention's heads split by the epilogue (of
                             a contraction with a requantization program, dp_q_store_post) */
+  float out_inv;         /* the residual's v * out_inv rounds as v / out_scale for every pair of
+                            bytes (checked at compile time), or 0: divide */
 } dp_qgeom;
 
 /* the pointers of one call: packed weight, epilogue vectors, residual (bf16), output */
@@ -515,7 +517,7 @@ static inline int32_t dp_q_resv1(const dp_qgeom* g, float a, const void* res, in
   DP_APART(b);
   float v = a + b;
   if (g->relu) v = v > 0.0f ? v : 0.0f;
-  v = nearbyintf(v / g->out_scale) + (float)g->out_zp;
+  v = nearbyintf(g->out_inv != 0.0f ? v * g->out_inv : v / g->out_scale) + (float)g->out_zp;
   const float lo = dp_q_lo(g->out_kind), hi = dp_q_hi(g->out_kind);
   return (int32_t)(v < lo ? lo : v > hi ? hi : v);
 }
@@ -533,7 +535,8 @@ static inline __m512i dp_q_resv16(const dp_qgeom* g, __m512 a, const void* res) 
   __asm__("" : "+v"(a), "+v"(b));
   __m512 v = _mm512_add_ps(a, b);
   if (g->relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-  v = _mm512_roundscale_ps(_mm512_div_ps(v, _mm512_set1_ps(g->out_scale)),
+  v = _mm512_roundscale_ps(g->out_inv != 0.0f ? _mm512_mul_ps(v, _mm512_set1_ps(g->out_inv))
+                                               : _mm512_div_ps(v, _mm512_set1_ps(g->out_scale)),
                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   v = _mm512_add_ps(v, _mm512_set1_ps((float)g->out_zp));
   v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(dp_q_lo(g->out_kind))),
@@ -556,7 +559,8 @@ static inline __m256i dp_q_resv8(const dp_qgeom* g, __m256 a, const void* res) {
   __asm__("" : "+x"(a), "+x"(b));
   __m256 v = _mm256_add_ps(a, b);
   if (g->relu) v = _mm256_max_ps(v, _mm256_setzero_ps());
-  v = _mm256_round_ps(_mm256_div_ps(v, _mm256_set1_ps(g->out_scale)),
+  v = _mm256_round_ps(g->out_inv != 0.0f ? _mm256_mul_ps(v, _mm256_set1_ps(g->out_inv))
+                                          : _mm256_div_ps(v, _mm256_set1_ps(g->out_scale)),
                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   v = _mm256_add_ps(v, _mm256_set1_ps((float)g->out_zp));
   v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(dp_q_lo(g->out_kind))),

@@ -285,6 +285,9 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
         OUT_CODE[s.mid_out] if int8_res or s.post else 0,
         int(s.relu), s.mid_zp, s.res_zp)]
     fields += [_float(s.mid_scale), _float(s.res_scale), _float(s.out_scale)]
+    inv = residual_reciprocal(s) if int8_res else 0.0
+    if inv:  # (post, hd, os_head), out_inv
+        fields += ["NULL", "0", "0", _float(inv)]
     args = [names.get(key, "NULL") for key in ("x", "w", "corr", "mult", "off", "zw", "res")]
     lines = [f"  /* {s.kind} {s.path}: {s.m} x {s.n} x {s.k}, {s.out} out */"]
     if s.post:
@@ -298,6 +301,29 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     else:
         lines.append(f"  static const dp_qgeom g_ = {{{', '.join(fields)}}};")
     return lines + [f"  dp_qgemm(&g_, {', '.join(args)}, {out});"]
+
+
+def residual_reciprocal(s: QGemmSpec) -> float:
+    """``1 / out_scale`` in float32 where multiplying a residual epilogue's value by it rounds
+    to the same bytes as dividing, for every pair of the contraction's byte and the residual's
+    (the value is a function of those two: 65536 cases, checked here with the kernel's float32
+    steps), else 0 (the kernel divides). A division per 16 outputs was a large part of a 1 x 1
+    convolution's epilogue over 64 channels."""
+    if s.mid_out not in ("uint8", "int8"):
+        return 0.0  # PT2E's float mid: the contraction's own value, not a byte
+    f = np.float32
+    mid, res, out = (np.iinfo(np.dtype(t)) for t in
+                     (s.mid_out, "int8" if s.res_signed else "uint8", s.out))
+    a = (np.arange(mid.min, mid.max + 1, dtype=f) - f(s.mid_zp)) * f(s.mid_scale)
+    b = (np.arange(res.min, res.max + 1, dtype=f) - f(s.res_zp)) * f(s.res_scale)
+    v = a[:, None] + b[None, :]
+    if s.relu:
+        v = np.maximum(v, f(0))
+    so = f(s.out_scale)
+    inv = f(1) / so
+    divided = np.clip(np.rint(v / so) + f(s.out_zp), out.min, out.max)
+    multiplied = np.clip(np.rint(v * inv) + f(s.out_zp), out.min, out.max)
+    return float(inv) if np.array_equal(divided, multiplied) else 0.0
 
 
 def _render_bmm(s, kp: int, np_: int, names: dict[str, str], out: str) -> list[str]:
