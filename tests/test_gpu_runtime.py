@@ -134,6 +134,29 @@ def test_softmax_with_an_elementwise_epilogue(tmp_path):
     check(mod, model, {"x": rand(4, 8, 200)}, rtol=0, atol=1 / 255 + 1e-6)
 
 
+def test_half_erf_and_tanh_within_half_precision(tmp_path):
+    """erf and tanh of fp16 values run on the multifunction unit (exprs.FAST_HALF): against
+    float64, within about one fp16 step of the result over [-6, 6], saturated far out, NaN kept."""
+    import math
+    nodes = [helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Tanh", ["x"], ["t"])]
+    model = make_model(nodes, [("x", np.float16, [8, 1024])],
+                       [("e", np.float16, [8, 1024]), ("t", np.float16, [8, 1024])])
+    _, mod = compiled(model, tmp_path)
+    x = np.linspace(-6, 6, 8 * 1024).astype(np.float16).reshape(8, 1024)
+    x[0, :4] = [np.nan, 3e4, -3e4, 0]
+    e, t = (o.astype(np.float64) for o in mod.run({"x": x}))
+    xs = x.astype(np.float64)
+    ref_e = np.vectorize(math.erf)(xs)
+    ref_t = np.tanh(xs)
+    assert np.isnan(e[0, 0]) and np.isnan(t[0, 0])
+    assert list(e[0, 1:4]) == [1, -1, 0] and list(t[0, 1:4]) == [1, -1, 0]
+    ok = ~np.isnan(xs)
+    # tanh.approx's 2^-11 and fp16's rounding 2^-11, relative, plus the erf form's own error
+    # (5.5e-5, or 9.2e-5 relative)
+    assert np.all(np.abs(e - ref_e)[ok] <= (2 ** -10 + 1e-4) * np.abs(ref_e)[ok] + 6e-5)
+    assert np.all(np.abs(t - ref_t)[ok] <= 2 ** -10 * np.abs(ref_t)[ok] + 1e-7)
+
+
 def test_fp16_matmul(tmp_path):
     model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])],
                        [("a", np.float16, [64, 96]), ("b", np.float16, [96, 80])],

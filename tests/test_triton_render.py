@@ -105,6 +105,60 @@ def test_fp16_matmul_dots_in_half(tmp_path):
     assert [s.get("half") for k in m["kernels"] for s in k["schedule"]] == [True]
 
 
+def _gelu_tanh_model():
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Gelu", ["a"], ["g"]), helper.make_node("Tanh", ["g"], ["y"])]
+    return make_model(nodes, [("x", np.float32, [64, 32])], [("y", np.float32, [64, 48])],
+                      initializers={"w": rand(32, 48) / 4, "b": rand(48)}, opset=20)
+
+
+def _gpt2_gelu_model():
+    """GPT-2's GELU: the half-precision conversion keeps it in float32 around its cube; the
+    projection's store is fp16."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Pow", ["a", "three"], ["c"]),
+             helper.make_node("Mul", ["c", "k"], ["ck"]), helper.make_node("Add", ["a", "ck"], ["s"]),
+             helper.make_node("Mul", ["s", "r"], ["u"]), helper.make_node("Tanh", ["u"], ["t"]),
+             helper.make_node("Add", ["t", "one"], ["t1"]), helper.make_node("Mul", ["a", "half"], ["h"]),
+             helper.make_node("Mul", ["h", "t1"], ["g"]),
+             helper.make_node("MatMul", ["g", "w2"], ["y"])]
+    consts = {"three": np.float32(3), "k": np.float32(0.044715), "r": np.float32(0.7978845608),
+              "one": np.float32(1), "half": np.float32(0.5)}
+    return make_model(nodes, [("x", np.float32, [64, 32])], [("y", np.float32, [64, 16])],
+                      initializers={"w": rand(32, 48) / 4, "b": rand(48), "w2": rand(48, 16) / 4,
+                                    **consts})
+
+
+@pytest.mark.parametrize("build,target,dtype,fast", [
+    (_gelu_tanh_model, "h100", "fp16", True), (_gelu_tanh_model, "h100", "bf16", True),
+    (_gpt2_gelu_model, "h100", "fp16", True), (_gelu_tanh_model, "h100", "fp32", False),
+    (_gelu_tanh_model, "mi300x", "fp16", False)])
+def test_half_erf_and_tanh_take_the_multifunction_unit_on_nvidia(tmp_path, build, target, dtype,
+                                                                  fast):
+    """erf and tanh of half-precision values, or in a stage that stores them, render as
+    tanh.approx forms on NVIDIA GPUs (exprs.FAST_HALF); float32 kernels and AMD GPUs keep
+    libdevice. Under the interpreter the forms run with numpy's tanh: the erf form's own error
+    (<= 5.5e-5) stays inside fp16's."""
+    model = build()
+    art = deploy.compile(model, target=target, aot=False, dtype=dtype)
+    src = _member(art.save(tmp_path / "m.dpk"), "gpu/kernels.py")
+    body = src[src.index("def k0"):]
+    assert "_tanh_approx(" in body and ("_erf_approx(" in body) == (build is _gelu_tanh_model) \
+        if fast else "_m.tanh(" in body and "_approx(" not in body
+    if target == "h100" and dtype != "bf16":  # (bf16 dots do not run under the interpreter)
+        x = rand(64, 32)
+        ours = deploy.load(art.save(tmp_path / "m.dpk"), device=InterpretDevice()).run({"x": x})[0]
+        ref = run_ort(model, {"x": x})[0]
+        bound = {"fp16": 2e-3, "fp32": 1e-5}[dtype]
+        assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < bound
+
+
+def _member(path, name: str) -> str:
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        return z.read(name).decode()
+
+
 def test_conv_padding_stride_bias_relu_implicit_gemm(tmp_path):
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 1]),
              helper.make_node("Relu", ["c"], ["y"])]

@@ -51,6 +51,7 @@ PTR_TYPE = {
 }
 # computed in float32, stored narrow (rounded on store); tl.dot takes them as they are
 NARROW = (DType.float16, DType.bfloat16, DType.float8e4m3fn)
+HALF = (DType.float16, DType.bfloat16)
 
 # ``_m`` is libdevice (CUDA or HIP, chosen by triton at compile time); tests running under
 # TRITON_INTERPRET=1 swap in numpy equivalents (interpret.py).
@@ -67,6 +68,15 @@ UNARY = {
     U.ISINF: "(tl.abs({x}) == float('inf'))", U.ISPOSINF: "({x} == float('inf'))",
     U.ISNEGINF: "({x} == float('-inf'))",
 }
+# erf and tanh of half-precision values on NVIDIA GPUs (``Emitter.fast_half``), and of float32
+# ones in a stage that stores 16- or 8-bit floats (GPT-2's GELU, kept in float32 around its cube,
+# is stored in fp16): tanh by the multifunction unit's ``tanh.approx.f32`` (relative error below
+# 2^-10.98, half an fp16 step), erf as tanh(z (2/sqrt(pi) + b z^2 + c z^4)) with |z| clamped to 4
+# (b, c fitted for the least maximum error: the form's own error is below 5.5e-5, 9.2e-5
+# relative). One MUFU operation and five FMAs where libdevice's erf and tanh issue about 25
+# instructions, which made GELU epilogues issue-bound (docs/gpu.md, "Half-precision
+# transcendentals").
+FAST_HALF = {U.TANH: "_tanh_approx({x})", U.ERF: "_erf_approx({x})"}
 INT_UNARY = {U.FLOOR: "{x}", U.CEIL: "{x}", U.ROUND: "{x}", U.ISNAN: "({x} != {x})"}
 
 BINARY = {
@@ -150,6 +160,8 @@ class Emitter:
         self.resident: dict[tuple, str] = {}  # point_key -> a value an earlier stage computed
         # variable -> (its value's name, the flat index, the decomposition's (var, extent) list)
         self.decomposed: dict[Var, tuple[str, str, tuple]] = {}
+        self.fast_half = False  # FAST_HALF for erf and tanh of half-precision values
+        self.narrow_store = False  # the stage stores 16- or 8-bit floats: float32 ones too
         self._n = 0
 
     # ---- statements and scopes ------------------------------------------------------------
@@ -332,6 +344,9 @@ class Emitter:
         table = {**UNARY, **INT_UNARY} if (src.is_int or src is DType.bool) else UNARY
         if e.op not in table:
             raise NotImplementedError(f"Triton renderer: unary {e.op.name} on {src.name}")
+        if self.fast_half and e.op in FAST_HALF and (
+                e.dtype in HALF or self.narrow_store and e.dtype is DType.float32):
+            return FAST_HALF[e.op].format(x=x)
         return table[e.op].format(x=x, t=tl_type(compute_dtype(e.dtype)))
 
     def _binary(self, e: Binary, a: str, b: str) -> str:
@@ -430,6 +445,20 @@ from triton.language.extra import libdevice as _m
 def _pymod(a, b):
     r = a % b
     return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _tanh_approx(x):
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x.to(tl.float32)],
+                                     dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _erf_approx(x):
+    z = tl.clamp(x, -4.0, 4.0, propagate_nan=tl.PropagateNan.ALL)
+    z2 = z * z
+    return _tanh_approx(z * (1.1283792 + z2 * (0.10360268 - 0.0016206 * z2)))
 
 
 @triton.jit

@@ -93,6 +93,9 @@ class TritonRenderer:
     def __init__(self, target=None, allow_tf32: bool = False) -> None:
         self.target = target
         self.allow_tf32 = allow_tf32
+        # erf and tanh of half-precision values by the multifunction unit (exprs.FAST_HALF):
+        # NVIDIA only (inline PTX)
+        self.fast_half = getattr(target, "vendor", "nvidia") == "nvidia"
         self.sizes = SizeParams()  # symbolic sizes -> the functions' sz_* parameters
 
     def kernel(self, k: Kernel, tuned: dict[int, dict] | None = None) -> list[TritonFunction]:
@@ -139,11 +142,13 @@ class StageRenderer:
         self.refs = refs
         self.wide = wide
         self.em = Emitter(refs)
+        self.em.fast_half = parent.fast_half
         self.extra: list[TritonFunction] = []  # functions launched after this one (split-K)
         self.owner: dict[str, str] = {}  # parameter -> buffer, for buffers this stage adds
         self.epilogue: Stage | None = None  # an int8 GEMM's elementwise consumer (qgemm.py)
 
     def render(self, st: Stage) -> TritonFunction:
+        self.em.narrow_store = self.refs[st.out].dtype in NARROW
         if isinstance(st, AttentionStage):
             return render_attention(self, st)
         if isinstance(st, QGemmStage):
@@ -572,7 +577,9 @@ TRANSCENDENTAL = frozenset({U.EXP, U.LOG, U.TANH, U.ERF, U.SIN, U.COS, U.TAN, U.
 
 
 def heavy_epilogue(st: Stage) -> bool:
-    """Does the stage evaluate a transcendental function (GELU's erf, SiLU's exp)?"""
+    """Does the stage evaluate a transcendental function (GELU's erf, SiLU's exp)? (erf and tanh
+    on the multifunction unit, exprs.FAST_HALF, still count: the tile rules they steer measured
+    the same or better with them, docs/gpu.md.)"""
     return any(isinstance(x, Unary) and x.op in TRANSCENDENTAL for x in walk(st.body))
 
 
