@@ -125,12 +125,27 @@ class ArtifactContents:
 
     def array(self, name: str) -> np.ndarray:
         """A weight array (read once; variants of one artifact share it)."""
-        if name not in self._arrays:
-            arr = load_npy(self.members[name], name)
-            aligned = aligned_array(arr.shape, arr.dtype.newbyteorder("="))
-            aligned[...] = arr  # vector loads of weight panels must not straddle cache lines
-            self._arrays[name] = aligned
-        return self._arrays[name]
+        return self.arrays([name])[name]
+
+    def arrays(self, names) -> dict[str, np.ndarray]:
+        """Weight arrays by name; those not read yet are laid out in one block, each on a cache
+        line (vector loads of weight panels must not straddle lines). One allocation of 4 MB
+        or more is one numpy asks the kernel to back with 2 MB pages, so a call that streams
+        the weights from memory walks one page-table entry per 2 MB rather than per 4 KB: QDQ
+        BERT-base's int8 weights are 0.6-2.4 MB arrays, each under numpy's threshold alone
+        (one Zen 4 thread: 2.3% less CPU time per call, docs/architecture.md)."""
+        loaded = [(n, load_npy(self.members[n], n)) for n in dict.fromkeys(names)
+                  if n not in self._arrays]
+        starts, total = [], 0
+        for _, arr in loaded:
+            starts.append(total)
+            total += -(-arr.nbytes // ALIGN) * ALIGN
+        block = aligned_empty(total)
+        for (name, arr), at in zip(loaded, starts):
+            dtype = arr.dtype.newbyteorder("=")
+            self._arrays[name] = block[at:at + arr.nbytes].view(dtype).reshape(arr.shape)
+            self._arrays[name][...] = arr
+        return {n: self._arrays[n] for n in names}
 
 
 def read_artifact(path, trusted_keys=None) -> ArtifactContents:

@@ -66,7 +66,8 @@ class Module:
         self.values = {int(k): (storage_dtype(v["dtype"]), None if any(map(is_symbolic, v["shape"]))
                                 else tuple(v["shape"]))  # symbolic: per call (_signature)
                        for k, v in m["values"].items()}
-        self.constants = {int(k): contents.array(name) for k, name in m["constants"].items()}
+        arrays = contents.arrays(list(m["constants"].values()))  # one block (ArtifactContents)
+        self.constants = {int(k): arrays[name] for k, name in m["constants"].items()}
         self.steps = m["steps"]
         memory = m.get("memory", {})
         self._arena_bytes = int(memory.get("arena_bytes", 0))

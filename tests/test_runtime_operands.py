@@ -190,3 +190,30 @@ def test_squeezing_a_run_time_size_checks_that_it_is_one(rng):
     mod = _check(model, [{"x": x, "shape": np.array(s, I64)} for s in ([2, 1, 6], [12, 1, 1])])
     with pytest.raises(InputError, match="must equal 1"):
         mod.run({"x": x, "shape": np.array([2, 2, 3], I64)})
+
+
+def test_weights_share_one_block_of_cache_lines(tmp_path, rng):
+    """A CPU module's constants are laid out in one allocation, each on a 64-byte line
+    (ArtifactContents.arrays: one block of 4 MB or more is backed by 2 MB pages); the values
+    are the artifact's own, whatever their dtypes and sizes."""
+    ws = {"w1": rng.standard_normal((24, 40)).astype(np.float32),
+          "w2": rng.standard_normal((40, 3)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [5, 24])], [("y", np.float32, [5, 3])],
+                       initializers={**ws, "b": np.arange(3, dtype=np.float32)})
+    path = deploy.compile(model).save(tmp_path / "m.dpk")
+    mod = deploy.load(path)
+    consts = list(mod.constants.values())
+    assert len(consts) >= 2
+
+    def root(a):
+        while a.base is not None:
+            a = a.base
+        return a
+    assert len({id(root(a)) for a in consts}) == 1
+    assert all(a.ctypes.data % 64 == 0 for a in consts)
+    x = rng.standard_normal((5, 24)).astype(np.float32)
+    np.testing.assert_allclose(mod.run({"x": x})[0], run_ort(model, {"x": x})[0], rtol=1e-5,
+                               atol=1e-5)
