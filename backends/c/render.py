@@ -64,7 +64,7 @@ COLLAPSE_BELOW = 64  # GEMM nests with fewer outer tiles share (outer, inner) ti
 VL = 16  # floats per vector in the generated micro-kernels at 512 bits (dp_f32x16); 8 below
 
 UNARY = {
-    U.NEG: "(-{x})", U.ABS: "fabs{f}({x})", U.EXP: "exp{f}({x})", U.LOG: "log{f}({x})",
+    U.NEG: "(-{x})", U.ABS: "fabs{f}({x})", U.EXP: "dp_exp{f}({x})", U.LOG: "log{f}({x})",
     U.SQRT: "sqrt{f}({x})", U.RSQRT: "(1/sqrt{f}({x}))", U.SIN: "sin{f}({x})",
     U.COS: "cos{f}({x})", U.TAN: "tan{f}({x})", U.ASIN: "asin{f}({x})", U.ACOS: "acos{f}({x})",
     U.ATAN: "atan{f}({x})", U.SINH: "sinh{f}({x})", U.COSH: "cosh{f}({x})",
