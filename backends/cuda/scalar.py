@@ -78,8 +78,9 @@ class CudaScalar(CRenderer):
         return name
 
     def _unary(self, e: Unary, x: str) -> str:
-        if e.op is U.ERF:  # CUDA's erff (the C prelude's dp_erff is host code)
-            return f"erf{_fsuffix(e.x.dtype)}({x})"
+        if e.op in (U.ERF, U.EXP):  # CUDA's erff and expf (the C prelude's dp_erff, dp_expf
+            name = "erf" if e.op is U.ERF else "exp"  # are host code)
+            return f"{name}{_fsuffix(e.x.dtype)}({x})"
         return super()._unary(e, x)
 
     def _load_value(self, buf, raw: str) -> str:
