@@ -29,6 +29,7 @@ class GpuFunction:
     sizes: list[str] = field(default_factory=list)  # size parameters, after the buffers
     codegen: str = "triton"  # which generator made it: "triton" or "cuda"
     shared: int = 0  # dynamic shared memory bytes the launch needs (CUDA C; Triton's is measured)
+    pdl: bool = False  # waits for the grid before it first (griddepcontrol.wait): may launch early
 
 
 @dataclass

@@ -264,7 +264,8 @@ def _launch(f: GpuFunction, k: Kernel, temps: dict[str, int], warp: int) -> dict
             "params": len(f.args) + len(f.sizes) + 2,
             "args": [where(a) for a in f.args] + [{"size": p} for p in f.sizes],
             "types": [f.signature[p] for p in f.signature if f.signature[p] != "constexpr"],
-            "constexprs": f.constexprs, "global_scratch": 0, "global_scratch_align": 1}
+            "constexprs": f.constexprs, "global_scratch": 0, "global_scratch_align": 1,
+            **({"pdl": True} if f.pdl else {})}
 
 
 def _attach(plans: dict, compiled: dict[str, Binary]) -> None:

@@ -4,10 +4,16 @@ Only what the GPU runtime needs: the primary context, one stream, device memory,
 cubin (PTX fallback: the driver JIT-compiles it for newer GPUs), kernel launches, and CUDA graphs
 by stream capture. Every call is checked; a failure raises ``DeployError`` with the call, the
 driver's error name and its message. The logic shared with HIP is in ``driver.py``.
+
+Programmatic dependent launch: on sm_90 and later, a launch whose function begins by waiting for
+the grid before it (``"pdl"`` in the launch plan: ``griddepcontrol.wait``) goes through
+``cuLaunchKernelEx`` with programmatic stream serialization, so the driver may start it while
+that grid drains (graph capture keeps the edge). ``DEPLOY_PDL=0`` launches every kernel plainly.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from ctypes import POINTER, byref, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from typing import ClassVar
@@ -39,6 +45,7 @@ SIGNATURES = {
     "cuFuncSetAttribute": [P, c_int, c_int],
     "cuLaunchKernel": [P, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, P,
                        POINTER(P), POINTER(P)],
+    "cuLaunchKernelEx": [P, P, POINTER(P), POINTER(P)],
     "cuStreamBeginCapture_v2": [P, c_int],
     "cuStreamEndCapture": [P, POINTER(P)],
     "cuGraphInstantiateWithFlags": [POINTER(P), P, ctypes.c_ulonglong],
@@ -61,6 +68,24 @@ CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 STATIC_SHARED_LIMIT = 48 * 1024
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: an id, padding to 8 bytes, a 64-byte value union."""
+    _fields_ = [("id", c_int), ("pad", ctypes.c_char * 4), ("value", c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig``."""
+    _fields_ = [("gridDimX", c_uint), ("gridDimY", c_uint), ("gridDimZ", c_uint),
+                ("blockDimX", c_uint), ("blockDimY", c_uint), ("blockDimZ", c_uint),
+                ("sharedMemBytes", c_uint), ("hStream", P),
+                ("attrs", POINTER(LaunchAttribute)), ("numAttrs", c_uint)]
+
+
+def pdl_wanted() -> bool:
+    return os.environ.get("DEPLOY_PDL", "1") != "0"
 DLPACK_CUDA = 2
 
 _LIB = None
@@ -107,6 +132,7 @@ class CudaDevice(DriverDevice):
     DEFAULT_STREAMS: ClassVar[dict] = {None: 1, 0: 1, 1: 1, 2: 2}
 
     def __init__(self, ordinal: int = 0, lib=None):
+        self._pdl = None  # programmatic dependent launches: None untried, True work, False not
         super().__init__(lib if lib is not None else libcuda(), ordinal)
 
     def _open(self, ordinal: int) -> None:
@@ -138,6 +164,39 @@ class CudaDevice(DriverDevice):
 
     def describe(self) -> str:
         return f"sm_{self.capability}"
+
+    # ---- programmatic dependent launch ---------------------------------------------------------
+    def prepare(self, fn, launch: dict, args: list[int]) -> Launch:
+        x = Launch(fn, launch, args)
+        x.config = None
+        if x.pdl and self.capability >= 90 and pdl_wanted() and \
+                getattr(self.lib, "cuLaunchKernelEx", None) is not None:
+            attr = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value[0] = 1
+            x.attr = attr  # (kept alive with the config that points at it)
+            x.config = LaunchConfig(*x.grid, *x.block, x.shared, self.stream,
+                                    ctypes.pointer(attr), 1)
+        return x
+
+    def launch(self, x: Launch) -> None:
+        config = getattr(x, "config", None)
+        if config is None or self._pdl is False:
+            return super().launch(x)
+        result = self.lib.cuLaunchKernelEx(byref(config), x.fn, x.params, None)
+        if result and self._pdl is None:  # a driver without it (the first such launch, which is
+            self._pdl = False             # never inside a graph capture): plain launches
+            return super().launch(x)
+        self.check(result, f"cuLaunchKernelEx({x.name})")
+        self._pdl = True
+
+    def capture(self, body):
+        try:
+            return super().capture(body)
+        except DeployError:
+            if not self._pdl:
+                raise
+            self._pdl = False  # a driver that cannot capture them: a graph of plain launches
+            return super().capture(body)
 
     def set_shared(self, fn, shared: int, name: str) -> None:
         if shared > STATIC_SHARED_LIMIT:

@@ -62,6 +62,7 @@ class Launch:
         self.params = (P * max(len(args), 1))(*[ctypes.addressof(self.values) + 8 * k
                                                 for k in range(len(args))])
         self.name = launch["fn"]
+        self.pdl = bool(launch.get("pdl"))  # the function waits for the grid before it first
 
 
 class DriverDevice:

@@ -68,7 +68,41 @@ def test_cuda_tensors_in_and_out(artifact, monkeypatch):
                      "bytes": x.nbytes, "stream": STREAM}
 
 
+PDL = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def test_hopper_launches_are_programmatic_dependent_launches(artifact, monkeypatch):
+    """Every launch of an sm_90 artifact waits for the grid before it (``_grid_wait()`` first in
+    its function), so on sm_90 it goes through cuLaunchKernelEx with programmatic stream
+    serialization, in the graph as on its first run; on an older GPU, or with DEPLOY_PDL=0,
+    plainly; the outputs are the same."""
+    assert all(p.get("pdl") for p in launches(read_artifact(artifact).manifest))
+    x = RNG.standard_normal((16, 32)).astype(np.float32)
+    mod, fake = loaded(artifact, monkeypatch)
+    for _ in range(2):
+        for ours, ref in zip(mod.run({"x": x}), reference(x)):
+            np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    ex = fake.named("launch_ex")
+    assert len(ex) == 4 and not fake.named("launch")  # two eager, two captured
+    assert all(rec["attrs"] == {PDL: 1} and rec["stream"] == STREAM for rec in ex)
+    assert [r["fn"] for r in fake.executed] == ["k0_s0", "k1_s0"] * 2
+    for options, env in (({"capability": (8, 0)}, "1"), ({}, "0")):
+        monkeypatch.setenv("DEPLOY_PDL", env)
+        mod, fake = loaded(artifact, monkeypatch, **options)
+        np.testing.assert_allclose(mod.run({"x": x})[1], reference(x)[1], rtol=1e-5, atol=1e-5)
+        assert fake.named("launch") and not fake.named("launch_ex")
+
+
+def test_a_driver_refusing_programmatic_launches_gets_plain_ones(artifact, monkeypatch):
+    mod, fake = loaded(artifact, monkeypatch, fail={"cuLaunchKernelEx": 801})
+    x = RNG.standard_normal((16, 32)).astype(np.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(mod.run({"x": x})[1], reference(x)[1], rtol=1e-5, atol=1e-5)
+    assert len(fake.named("launch")) == 4 and len(fake.named("graph_launch")) == 1
+
+
 def test_driver_errors_carry_the_driver_name(artifact, monkeypatch):
+    monkeypatch.setenv("DEPLOY_PDL", "0")  # plain launches (a failing cuLaunchKernelEx: above)
     with pytest.raises(DeployError, match=r"CUDA driver: cuLaunchKernel\(k0_s0\) failed with 700 "
                                           r"\(CUDA_ERROR_FAKE_700"):
         mod, _ = loaded(artifact, monkeypatch, fail={"cuLaunchKernel": 700})

@@ -43,7 +43,7 @@ SYMBOLS = {
     "hipModuleLoadData": "module_load", "cuModuleLoadData": "module_load",
     "hipModuleGetFunction": "get_function", "cuModuleGetFunction": "get_function",
     "cuFuncSetAttribute": "func_attribute",
-    "hipModuleLaunchKernel": "launch", "cuLaunchKernel": "launch",
+    "hipModuleLaunchKernel": "launch", "cuLaunchKernel": "launch", "cuLaunchKernelEx": "launch_ex",
     "hipStreamBeginCapture": "begin_capture", "cuStreamBeginCapture_v2": "begin_capture",
     "hipStreamEndCapture": "end_capture", "cuStreamEndCapture": "end_capture",
     "hipGraphInstantiateWithFlags": "instantiate", "cuGraphInstantiateWithFlags": "instantiate",
@@ -239,6 +239,15 @@ class FakeDriver:
             rec["captured"] = True
         else:
             self._execute(rec)
+        return rec
+
+    def _launch_ex(self, config, fn, params, extra):
+        """``cuLaunchKernelEx``: the launch its config describes, and the attributes it sets."""
+        c = getattr(config, "_obj", config)
+        attrs = {c.attrs[k].id: c.attrs[k].value[0] for k in range(c.numAttrs)}
+        rec = self._launch(fn, c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY,
+                           c.blockDimZ, c.sharedMemBytes, c.hStream, params, extra)
+        rec["attrs"] = attrs
         return rec
 
     def _execute(self, rec: dict) -> None:

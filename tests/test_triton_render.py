@@ -153,6 +153,19 @@ def test_half_erf_and_tanh_take_the_multifunction_unit_on_nvidia(tmp_path, build
         assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < bound
 
 
+@pytest.mark.parametrize("target,waits", [("h100", True), ("a100", False), ("mi300x", False)])
+def test_hopper_functions_wait_for_the_grid_before_them(tmp_path, target, waits):
+    """Programmatic dependent launch: on sm_90 every function begins with ``_grid_wait()``
+    (griddepcontrol.wait), before any load or store, and its launch says ``pdl``."""
+    art = deploy.compile(_mlp(), target=target, aot=False)
+    launches = [x for k in art.manifest["gpu"]["kernels"].values() for x in k["launches"]]
+    assert launches and all(bool(x.get("pdl")) is waits for x in launches)
+    source = _member(art.save(tmp_path / "m.dpk"), "gpu/kernels.py")
+    for x in launches:
+        first = source[source.index(f"def {x['fn']}("):].split("\n")[1].strip()
+        assert (first == "_grid_wait()") is waits
+
+
 def _member(path, name: str) -> str:
     import zipfile
     with zipfile.ZipFile(path) as z:

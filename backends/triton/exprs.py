@@ -455,6 +455,12 @@ def _tanh_approx(x):
 
 
 @triton.jit
+def _grid_wait():
+    tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _erf_approx(x):
     z = tl.clamp(x, -4.0, 4.0, propagate_nan=tl.PropagateNan.ALL)
     z2 = z * z

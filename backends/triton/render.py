@@ -96,6 +96,9 @@ class TritonRenderer:
         # erf and tanh of half-precision values by the multifunction unit (exprs.FAST_HALF):
         # NVIDIA only (inline PTX)
         self.fast_half = getattr(target, "vendor", "nvidia") == "nvidia"
+        # programmatic dependent launch (Hopper and later): every function first waits for the
+        # grid before it, so the runtime may launch it while that grid drains
+        self.grid_wait = grid_dependency(target)
         self.sizes = SizeParams()  # symbolic sizes -> the functions' sz_* parameters
 
     def kernel(self, k: Kernel, tuned: dict[int, dict] | None = None) -> list[TritonFunction]:
@@ -184,10 +187,13 @@ class StageRenderer:
         sig.update({p: "i32" for p in sizes})
         sig.update({c: "constexpr" for c in constexprs})
         header = ", ".join(params + sizes + [f"{c}: tl.constexpr" for c in constexprs])
+        wait = self.parent.grid_wait
+        if wait:  # before anything touches memory an earlier grid may still read or write
+            body = "    _grid_wait()\n" + body
         src = f"@triton.jit\ndef {self.name}({header}):\n" + body + "\n"
         return TritonFunction(self.name, src, params, sig, dict(constexprs),
                               tuple(grid) + (1,) * (3 - len(grid)), cfg.num_warps,
-                              cfg.num_stages, template, -1, meta or {}, sizes=sizes)
+                              cfg.num_stages, template, -1, meta or {}, sizes=sizes, pdl=wait)
 
     def _dtype_of(self, param: str) -> DType:
         for ref in self.refs.values():
@@ -554,6 +560,16 @@ class StageRenderer:
         em.keep_half = False
         em.pop()
         return em.let(f"tl.broadcast_to({value}, {shape})", kname + "v")
+
+
+def grid_dependency(target) -> bool:
+    """Does ``target`` take programmatic dependent launch (``griddepcontrol``: NVIDIA sm_90 and
+    later)?"""
+    arch = str(getattr(target, "arch", "") or "")
+    if getattr(target, "vendor", "nvidia") != "nvidia" or not arch.startswith("sm_"):
+        return False
+    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+    return bool(digits) and int(digits) >= 90
 
 
 # ---- stage analysis --------------------------------------------------------------------------
