@@ -48,6 +48,7 @@ from .attention import AttentionStage, render_attention
 from .config import (
     GemmConfig,
     LaunchConfig,
+    _sm,
     fp8_gemm_config,
     gemm_config,
     pointwise_config,
@@ -565,11 +566,7 @@ class StageRenderer:
 def grid_dependency(target) -> bool:
     """Does ``target`` take programmatic dependent launch (``griddepcontrol``: NVIDIA sm_90 and
     later)?"""
-    arch = str(getattr(target, "arch", "") or "")
-    if getattr(target, "vendor", "nvidia") != "nvidia" or not arch.startswith("sm_"):
-        return False
-    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
-    return bool(digits) and int(digits) >= 90
+    return _sm(target) >= 90 and getattr(target, "vendor", "nvidia") == "nvidia"
 
 
 # ---- stage analysis --------------------------------------------------------------------------
