@@ -78,3 +78,26 @@ def test_channels_last_cnn_matches_ort(nhwc):
     check_against_ort(model, {"x": x}, rtol=1e-4, atol=1e-4, target=nhwc)
     passes = {p["pass"]: p for p in deploy.compile(model, target=nhwc).manifest["passes"]}
     assert "layout" in passes
+
+
+def test_gpu_patch_embeddings_over_three_channels_read_four(nhwc):
+    """On GPU targets a convolution over an image's 3 channels whose window rows fall on 16-byte
+    boundaries once padded (even kernel width, stride and padding: a ViT's or ConvNeXt's patch
+    embedding) reads 4 (a zero channel, a zero weight slice); a 7 x 7 stride-2 stem, convolutions
+    over 4 or more channels and CPU targets keep theirs."""
+    rng = np.random.default_rng(3)
+    b = builder()
+    x = b.input("x", f32(2, 3, 32, 32))
+    w = b.const(rng.standard_normal((8, 3, 4, 4)).astype(np.float32))
+    patches = b.op("Conv", x, w, pads=(0, 0, 0, 0), strides=(4, 4), dilations=(1, 1))
+    w7 = b.const(rng.standard_normal((8, 3, 7, 7)).astype(np.float32))
+    stem = b.op("Conv", x, w7, pads=(3, 3, 3, 3), strides=(4, 4), dilations=(1, 1))
+    y = _conv(b, b.op("Add", patches, stem), 8, 8, rng)
+    g = b.finish([y])
+    out = layout(g, load_target("h100"))
+    pads = [n for n in out.nodes if n.op.name == "Pad"]
+    assert len(pads) == 1 and list(pads[0].attrs["pads"]) == [0, 0, 0, 0, 0, 0, 0, 1]
+    convs = [n for n in out.nodes if n.op.name == "Conv"]
+    assert sorted(n.inputs[1].shape for n in convs) == [(3, 3, 8, 8), (4, 4, 4, 8), (7, 7, 3, 8)]
+    same_outputs(g, out)
+    assert not any(n.op.name == "Pad" for n in layout(g, load_target(nhwc)).nodes)

@@ -203,6 +203,22 @@ def test_padded_convolution_reads_its_input_in_place(tmp_path, pads, strides):
     assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 2e-3  # fp16 operands
 
 
+def test_patch_embedding_over_three_channels_reads_a_fourth(tmp_path):
+    """A ViT-style patch embedding (16 x 16, stride 16) on the H100 in fp16: the input gains a
+    zero channel (graph_ir/passes/layout.py) and the GEMM's K is 16 x 16 x 4."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[16, 16])]
+    model = make_model(nodes, [("x", np.float32, [2, 3, 128, 128])],
+                       [("y", np.float32, [2, 64, 8, 8])],
+                       initializers={"w": rand(64, 3, 16, 16) / 16, "b": rand(64)})
+    art = deploy.compile(model, target="h100", aot=False, dtype="fp16")
+    gemm = [s for k in art.manifest["kernels"] for s in k["schedule"] if s["template"] == "gemm"]
+    assert [s["k"] for s in gemm] == [16 * 16 * 4]
+    x = rand(2, 3, 128, 128)
+    ours = deploy.load(art.save(tmp_path / "m.dpk"), device=InterpretDevice()).run({"x": x})[0]
+    ref = run_ort(model, {"x": x})[0]
+    assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 2e-3  # fp16 operands
+
+
 def test_depthwise_conv_and_pool(tmp_path):
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], group=4),
              helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
