@@ -45,7 +45,7 @@ SCHEMA: dict[str, tuple[tuple[type, ...], bool, str]] = {
                                      "e.g. {fp32: 67, fp16: 989}")),
     "preferred_layout": ((str,), False, "'NCHW' or 'NHWC' for convolutions"),
     "cc_flags": ((list,), False, "extra C compiler flags (CPU)"),
-    "int8": ((str,), False, ("integer kernels for int8 QDQ contractions: vnni, avx2, scalar "
+    "int8": ((str,), False, ("integer kernels for int8 QDQ contractions: amx, vnni, sdot, avx2, scalar "
                              "or none (CPU), mma or none (GPU); absent = chosen from isa "
                              "(int8_path)")),
     "bf16": ((str,), False, ("CPU contractions under --dtype bf16: dot (packed bf16 weights, "
@@ -62,11 +62,11 @@ LAYOUTS = {"NCHW", "NHWC"}
 PEAK_DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 VECTOR_BITS = {128, 256, 512}
 WARP_SIZES = {32, 64}
-INT8_PATHS = {"cpu": ("amx", "vnni", "avx2", "scalar", "none"), "gpu": ("mma", "none")}
+INT8_PATHS = {"cpu": ("amx", "vnni", "sdot", "avx2", "scalar", "none"), "gpu": ("mma", "none")}
 BF16_PATHS = ("dot", "none")
 WINOGRAD_PATHS = ("auto", "f2x2", "none")
 HOST_ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
-            "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd")  # read off /proc/cpuinfo
+            "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp")  # /proc/cpuinfo
 GPU_ARCH = {"nvidia": re.compile(r"sm_\d+a?$"), "amd": re.compile(r"gfx[0-9a-f]+$")}
 GPU_REQUIRED = ("warp_size", "sm_count", "shared_mem_per_block")
 
@@ -149,7 +149,8 @@ def int8_path(target: Target, isa) -> str:
     """The int8 kernels of a target: its ``int8`` key where given; else ``amx`` where the ISA
     has AMX tiles (``amx_tile`` and ``amx_int8``: the vnni kernels, with whole 64-byte k steps
     on the tile registers where the OS grants them), ``vnni`` where it
-    has u8 x s8 dot products (``avx512_vnni`` with ``avx512vl``, or ``avx_vnni``), ``avx2``
+    has u8 x s8 dot products (``avx512_vnni`` with ``avx512vl``, or ``avx_vnni``), ``sdot`` on
+    Arm CPUs with int8 dot products (``dotprod`` in a target's ISA, ``asimddp`` on the host), ``avx2``
     (int8 widened to int16, ``_mm256_madd_epi16``) with AVX2, ``scalar`` on other CPUs, and
     ``mma`` (int8 tensor cores through ``tl.dot``, backends/triton/qgemm.py) on GPUs."""
     if target.int8:
@@ -161,6 +162,8 @@ def int8_path(target: Target, isa) -> str:
         return "amx"
     if "avx_vnni" in isa or {"avx512_vnni", "avx512vl"} <= isa:
         return "vnni"
+    if "dotprod" in isa or "asimddp" in isa:
+        return "sdot"
     return "avx2" if "avx2" in isa else "scalar"
 
 

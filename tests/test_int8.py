@@ -15,7 +15,9 @@ off; ``quantize_static(reduce_range=True)`` exists for this). The models here th
 execution of the QDQ graph (``ORT_DISABLE_ALL``). Every path
 runs here: ``avx2`` (the host's), ``vnni`` (vpdpbusd, emulated exactly with AVX2 where the
 compiler has no VNNI), ``amx`` (k padded to 64; the tile kernels where the compiler and the OS
-have AMX, else the vnni ones) and ``scalar``; on ``avx2`` the 7-bit weights take ``avx2-u8s8``
+have AMX, else the vnni ones), ``sdot`` (Arm's int8 x int8 dot product on the vnni packing, its
+products in C where the compiler has no dot product) and ``scalar``; on ``avx2`` the 7-bit
+weights take ``avx2-u8s8``
 (``vpmaddubsw``, exact for them) and the 8-bit ones the int16 widening.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ from deploy.targets.target import HERE, load_target
 from .util import helper, make_model, nchw_target, numpy_helper, run_ort
 
 RNG = np.random.default_rng(8)
-PATHS = ("avx2", "vnni", "amx", "scalar")
+PATHS = ("avx2", "vnni", "amx", "sdot", "scalar")
 
 
 @pytest.fixture(scope="module", params=PATHS)
@@ -375,6 +377,8 @@ def test_int8_path_follows_the_isa():
     assert int8_path(cpu, ["avx2", "avx512_vnni", "avx512vl"]) == "vnni"
     assert int8_path(cpu, ["avx2", "avx512_vnni", "avx512vl", "amx_tile", "amx_int8"]) == "amx"
     assert int8_path(cpu, ["avx2"]) == "avx2"
+    assert int8_path(load_target("aarch64-neon"), ["asimd", "asimddp"]) == "sdot"
+    assert int8_path(load_target("aarch64-neon"), ["asimd"]) == "scalar"
 
 
 def test_not_foldable_keeps_float_decomposition(target):
@@ -399,7 +403,7 @@ def test_not_foldable_keeps_float_decomposition(target):
 
 def test_gpu_targets_run_int8_tensor_cores():
     assert load_target("h100").int8_path() == "mma"  # (tests/test_int8_gpu.py)
-    assert load_target("aarch64-neon").int8_path() == "scalar"
+    assert load_target("aarch64-neon").int8_path() == "sdot"  # its isa has dotprod
 
 
 def test_quantize_static_model(target, tmp_path):

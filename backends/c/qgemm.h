@@ -14,6 +14,10 @@
        same packing runs through an exact AVX2 emulation (so the path is testable anywhere).
      3 avx2-u8s8: the vnni packing with vpmaddubsw + vpmaddwd(1) for vpdpbusd, for weights
        whose pairs fit int16 sums (7-bit weights, as quantize_static(reduce_range) makes).
+     5 sdot (Armv8.2-A dot product): the vnni packing with a as int8 (uint8 activations - 128,
+       x ^ 0x80), SDOT (vdotq_s32: four int8 x int8 products per int32 lane) for vpdpbusd;
+       the same corrections with x_zp' = x_zp - 128. Without the dot product in the compiler's
+       flags, the same products in C (exact; testable anywhere).
      4 bf16 (a bf16 stage): a and w as bf16 pairs along k, float32 sums: AMX's tdpbf16ps
        where compiled for it (and the OS grants the tiles), else AVX512-BF16's vdpbf16ps,
        else the same products widened to float32 (exact; testable anywhere).
@@ -25,6 +29,8 @@
 #include <immintrin.h>
 #elif defined(__SSE2__)
 #include <emmintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
 #endif
 #ifdef _OPENMP
 #include <omp.h>
@@ -194,12 +200,25 @@ static inline void dp_q_copy8(uint8_t* dst, const uint8_t* src, int64_t n, uint8
 #endif
 }
 
-/* row m as uint8 (int8 activations + 128; padding and k padding the shifted zero point)
-   (path 2); returns the row's sum */
+/* the bit that turns an activation byte into the kernel's operand: vnni reads uint8 (int8
+   activations + 128), sdot int8 (uint8 activations - 128) */
+static inline uint8_t dp_q_flip(const dp_qgeom* g) {
+  return (g->path == 5) != (g->x_signed != 0) ? 0x80 : 0;
+}
+
+/* a row's sum: of uint8 operands (vnni), of int8 ones (sdot) */
+static int32_t dp_q_bytesum(const dp_qgeom* g, const uint8_t* p, int64_t n) {
+  int32_t s = 0;
+  if (g->path == 5) for (int64_t i = 0; i < n; i++) s += (int8_t)p[i];
+  else for (int64_t i = 0; i < n; i++) s += p[i];
+  return s;
+}
+
+/* row m as the byte operands (x ^ dp_q_flip; padding and k padding the flipped zero point)
+   (paths 2, 3, 5); returns the row's sum */
 static int32_t dp_q_row8(const dp_qgeom* g, const void* x, int64_t m, uint8_t* row, int sum_it) {
   int64_t pix = g->oh * g->ow, img = m / pix, p = m % pix, oy = p / g->ow, ox = p % g->ow, k = 0;
-  const uint8_t zx = (uint8_t)(g->x_signed ? g->x_zp + 128 : g->x_zp);
-  const uint8_t flip = g->x_signed ? 0x80 : 0;
+  const uint8_t flip = dp_q_flip(g), zx = (uint8_t)g->x_zp ^ flip;
   const int64_t c = g->c, sc = g->xs_c;
   const int64_t ix0 = ox * g->sw - g->pw, run = g->kw * c;
   const int dense = sc == 1 && g->xs_w == c && g->dw == 1 && ix0 >= 0 && ix0 + g->kw <= g->iw;
@@ -220,10 +239,7 @@ static int32_t dp_q_row8(const dp_qgeom* g, const void* x, int64_t m, uint8_t* r
     }
   }
   for (; k < g->kp; k++) row[k] = zx;
-  if (!sum_it) return 0;
-  int32_t sum = 0;
-  for (int64_t i = 0; i < g->kp; i++) sum += row[i];
-  return sum;
+  return sum_it ? dp_q_bytesum(g, row, g->kp) : 0;
 }
 
 /* ---- micro-kernels: acc[DP_QMR][DP_QNR] over kq 32-bit units of k; row r's unit q is the
@@ -245,8 +261,9 @@ static void dp_q_micro_scalar16(const char* a, int64_t lda, const int16_t* b, in
   memcpy(acc, t, sizeof t);
 }
 
+/* quads of byte products in C: a as uint8 (vnni's operands) or int8 (a_signed: sdot's) */
 static void dp_q_micro_scalar8(const char* a, int64_t lda, const int8_t* b, int64_t kq,
-                               int32_t* acc) {
+                               int32_t* acc, int a_signed) {
   int32_t t[DP_QMR * DP_QNR] = {0};
   for (int64_t q = 0; q < kq; q++) {
     const int8_t* bq = b + q * 4 * DP_QNR;
@@ -254,10 +271,36 @@ static void dp_q_micro_scalar8(const char* a, int64_t lda, const int8_t* b, int6
       uint8_t a4[4];
       memcpy(a4, a + r * lda + 4 * q, 4);
       for (int j = 0; j < DP_QNR; j++)
-        for (int u = 0; u < 4; u++) t[r * DP_QNR + j] += a4[u] * bq[4 * j + u];
+        for (int u = 0; u < 4; u++)
+          t[r * DP_QNR + j] += (a_signed ? (int8_t)a4[u] : a4[u]) * bq[4 * j + u];
     }
   }
   memcpy(acc, t, sizeof t);
+}
+
+/* path 5: int8 x int8 quads (SDOT); in C where the compiler has no dot product */
+static void dp_q_micro_sdot(const char* a, int64_t lda, const int8_t* b, int64_t kq, int32_t* acc) {
+#if defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+  int32x4_t c[DP_QMR][4];
+  for (int r = 0; r < DP_QMR; r++)
+    for (int j = 0; j < 4; j++) c[r][j] = vdupq_n_s32(0);
+  for (int64_t q = 0; q < kq; q++) {
+    const int8_t* bq = b + q * 4 * DP_QNR;
+    const int8x16_t b0 = vld1q_s8(bq), b1 = vld1q_s8(bq + 16), b2 = vld1q_s8(bq + 32),
+                    b3 = vld1q_s8(bq + 48);
+    for (int r = 0; r < DP_QMR; r++) {
+      const int8x16_t v = vreinterpretq_s8_s32(vdupq_n_s32(dp_q_word(a + r * lda + 4 * q)));
+      c[r][0] = vdotq_s32(c[r][0], v, b0);
+      c[r][1] = vdotq_s32(c[r][1], v, b1);
+      c[r][2] = vdotq_s32(c[r][2], v, b2);
+      c[r][3] = vdotq_s32(c[r][3], v, b3);
+    }
+  }
+  for (int r = 0; r < DP_QMR; r++)
+    for (int j = 0; j < 4; j++) vst1q_s32(acc + r * DP_QNR + 4 * j, c[r][j]);
+#else
+  dp_q_micro_scalar8(a, lda, b, kq, acc, 1);
+#endif
 }
 
 #ifdef __AVX2__
@@ -911,12 +954,13 @@ static void dp_q_run_amx(const dp_qgeom* g, const char* a, int64_t lda, int in_p
 static void dp_q_tile(const dp_qgeom* g, const char* a, int64_t lda, const void* bp, int64_t kq,
                       int32_t* acc) {
   if (g->path == 4) { dp_q_micro_bf16(a, lda, (const uint16_t*)bp, kq, (float*)acc); return; }
+  if (g->path == 5) { dp_q_micro_sdot(a, lda, (const int8_t*)bp, kq, acc); return; }
 #ifdef __AVX2__
   if (g->path == 3) { dp_q_micro_u8s8(a, lda, (const int8_t*)bp, kq, acc); return; }
   if (g->path == 2) { dp_q_micro_vnni(a, lda, (const int8_t*)bp, kq, acc); return; }
   if (g->path == 1) { dp_q_micro_avx2(a, lda, (const int16_t*)bp, kq, acc); return; }
 #endif
-  if (g->path >= 2) dp_q_micro_scalar8(a, lda, (const int8_t*)bp, kq, acc);
+  if (g->path >= 2) dp_q_micro_scalar8(a, lda, (const int8_t*)bp, kq, acc, 0);
   else dp_q_micro_scalar16(a, lda, (const int16_t*)bp, kq, acc);
 }
 
@@ -951,17 +995,11 @@ static void dp_q_tile2(const dp_qgeom* g, const char* a, int64_t lda, const char
    or of a 1 x 1, stride-1 convolution over a dense NHWC input, k a multiple of 4 (2) (read in
    place) */
 static int dp_q_direct(const dp_qgeom* g) {
-  if (g->path < 2 || g->x_signed || g->kp != g->c || g->kh != 1 || g->kw != 1) return 0;
+  if (g->path < 2 || dp_q_flip(g) || g->kp != g->c || g->kh != 1 || g->kw != 1) return 0;
   if (g->sh != 1 || g->sw != 1 || g->ph || g->pw || g->xs_c != 1) return 0;
   if (g->oh != g->ih || g->ow != g->iw) return 0;
   if ((g->ow > 1 && g->xs_w != g->c) || (g->oh > 1 && g->xs_h != g->ow * g->c)) return 0;
   return g->m == g->oh * g->ow || g->xs_img == g->oh * g->ow * g->c;
-}
-
-static int32_t dp_q_bytesum(const uint8_t* p, int64_t n) {
-  int32_t s = 0;
-  for (int64_t i = 0; i < n; i++) s += p[i];
-  return s;
 }
 
 /* one tile: rows [m0, m0 + rows) at a (row stride lda; in_place: the input itself, where rows
@@ -1037,7 +1075,7 @@ static int dp_q_amx(const dp_qgeom* g, int64_t rowb) {
 /* row m of the chunk into the shared buffer; its sum where zw needs it */
 static int32_t dp_q_pack_row(const dp_qgeom* g, const void* x, int64_t m, char* row, int direct,
                              int sum_it) {
-  if (direct) return dp_q_bytesum((const uint8_t*)row, g->kp);
+  if (direct) return dp_q_bytesum(g, (const uint8_t*)row, g->kp);
   if (g->path == 4) { dp_q_rowbf(g, x, m, (uint16_t*)row); return 0; }
   if (g->path >= 2) return dp_q_row8(g, x, m, (uint8_t*)row, sum_it);
   dp_q_row16(g, x, m, (int16_t*)row);
@@ -1212,7 +1250,7 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
     return;
   }
 #endif
-  const int quads = g->path == 2 || g->path == 3;  /* uint8 rows, quads of k (vnni, u8s8) */
+  const int quads = g->path == 2 || g->path == 3 || g->path == 5;  /* byte rows, quads of k */
   const int64_t kq = quads ? g->kp / 4 : g->kp / 2, panels = g->np / DP_QNR, rowb = kq * 4;
   const int direct = dp_q_direct(g);
   int64_t mc = (160 * 1024) / rowb / DP_QMR * DP_QMR;

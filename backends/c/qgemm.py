@@ -12,6 +12,8 @@ Packed weight layouts (``DP_QNR`` = 16 columns per panel, zero-padded):
   ``corr[n] = bias[n] - x_zp' * colsum(w)[n] + K * x_zp' * w_zp[n]`` (``x_zp' = x_zp + 128``
   for int8 activations, which the kernel reads as uint8 ``x ^ 0x80``), the row term
   ``- w_zp[n] * rowsum(a)[m]`` only where some ``w_zp`` is not 0;
+- ``sdot`` (Armv8.2-A's int8 x int8 dot product): the vnni layout; the kernel reads uint8
+  activations as int8 ``x ^ 0x80``, so ``x_zp' = x_zp - 128`` for them (int8 ones as they are);
 - ``bf16`` (a ``kind="bf16"`` stage): the bf16 bits, ``[N/16, K/2, 16, 2]`` (pairs along k, as
   ``vdpbf16ps`` multiplies them and as AMX's ``tdpbf16ps`` reads 16 pairs of a panel at a
   time; on AMX targets (path ``bf16-amx``) k is padded to 32 where that adds at most an eighth,
@@ -33,8 +35,9 @@ from .sizes import c_size
 from .winograd import _float, pack_winograd, render_winograd
 
 NR = 16
-PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3, "amx": 2, "bf16": 4, "bf16-amx": 4}
-BYTE_PATHS = ("vnni", "avx2-u8s8", "amx")  # uint8 activations x int8 weights, quads of k
+PATH_CODE = {"scalar": 0, "avx2": 1, "vnni": 2, "avx2-u8s8": 3, "amx": 2, "bf16": 4, "bf16-amx": 4,
+             "sdot": 5}
+BYTE_PATHS = ("vnni", "avx2-u8s8", "amx", "sdot")  # byte activations x int8 weights, quads of k
 
 
 def padded_k(path: str, k: int) -> int:
@@ -54,8 +57,8 @@ def kernel_path(spec: QGemmSpec, w: np.ndarray, path: str) -> str:
     whose every pair along k has ``|w0| + |w1| <= 128`` (7-bit weights) take ``avx2-u8s8``:
     ``vpmaddubsw`` (32 products per instruction) cannot saturate on them, so it is exact and
     about 1.3x faster than widening to int16; other weights widen (``avx2``)."""
-    if path in ("amx", "vnni", "avx2") and w.dtype != np.int8:
-        return "avx2"
+    if path in ("amx", "vnni", "avx2", "sdot") and w.dtype != np.int8:
+        return "scalar" if path == "sdot" else "avx2"
     if path == "avx2":
         wm = np.abs(weight_matrix(spec, w).astype(np.int32))
         if wm.shape[0] % 2:
@@ -80,7 +83,7 @@ def pack(spec: QGemmSpec, w, w_zp, bias, mult, offset, path: str) -> dict[str, n
     if path in BYTE_PATHS:
         full = np.zeros((kp, np_), np.int8)
         full[:k, :n] = wm
-        zx = spec.x_zp + (128 if spec.x_signed else 0)
+        zx = _operand_zero_point(spec, path)
         corr += -zx * full.astype(np.int64).sum(0) + kp * zx * zw.astype(np.int64)
         out["w"] = np.ascontiguousarray(full.reshape(kp // 4, 4, np_ // NR, NR).transpose(2, 0, 3, 1))
     else:
@@ -97,6 +100,14 @@ def pack(spec: QGemmSpec, w, w_zp, bias, mult, offset, path: str) -> dict[str, n
     if path in BYTE_PATHS and zw.any():
         out["zw"] = zw
     return out
+
+
+def _operand_zero_point(spec: QGemmSpec, path: str) -> int:
+    """The activations' zero point as the kernel reads them: uint8 for vnni (int8 ones + 128),
+    int8 for sdot (uint8 ones - 128)."""
+    if path == "sdot":
+        return spec.x_zp - (0 if spec.x_signed else 128)
+    return spec.x_zp + (128 if spec.x_signed else 0)
 
 
 def pack_bf16(spec: QGemmSpec, w, bias, path: str = "bf16") -> dict[str, np.ndarray]:
