@@ -1,5 +1,5 @@
 """Products of two run-time byte tensors (``QBatchMatMul``: a QDQ attention's ``q k^T`` and
-``p v``) on CPU targets whose int8 path has u8 x s8 dot products (``vnni``, ``amx``).
+``p v``) on CPU targets whose int8 path has byte dot products (``vnni``, ``amx``, ``sdot``).
 
 ``MatMul(DQ(a), DQ(b))`` with both operands quantized activations becomes exact integer sums
 times one scale (``graph_ir/passes/quantized.py: batch_matmul``; ``backends/c/qgemm.h:
@@ -56,7 +56,8 @@ def _notes(art) -> str:
     return " | ".join(k.get("note", "") for k in art.manifest["kernels"])
 
 
-@pytest.mark.parametrize("act,path", [(np.uint8, "vnni"), (np.int8, "vnni"), (np.uint8, "amx")])
+@pytest.mark.parametrize("act,path", [(np.uint8, "vnni"), (np.int8, "vnni"), (np.uint8, "amx"),
+                                      (np.uint8, "sdot"), (np.int8, "sdot")])
 def test_product_of_two_quantized_activations(act, path, tmp_path):
     # b arrives [batch, n, heads, k] and is transposed to [batch, heads, k, n] after its DQ (as
     # BERT's keys are): the transpose moves to the bytes
@@ -112,15 +113,20 @@ def _attention_model(act):
                       inits, opset=17), shape
 
 
+@pytest.mark.parametrize("path", ["vnni", "sdot"])
 @pytest.mark.parametrize("act", [np.uint8, np.int8])
-def test_qdq_attention_runs_integer_products(act, tmp_path):
+def test_qdq_attention_runs_integer_products(act, path, tmp_path):
     model, shape = _attention_model(act)
-    feeds = {x: RNG.uniform(-2.0, 2.0, shape).astype(np.float32) for x in "qkv"}
-    art = deploy.compile(model, target=_target(tmp_path, "vnni"))
+    rng = np.random.default_rng(21)  # (the same draws for every path and test order)
+    feeds = {x: rng.uniform(-2.0, 2.0, shape).astype(np.float32) for x in "qkv"}
+    art = deploy.compile(model, target=_target(tmp_path, path))
     assert _notes(art).count("QBatchMatMul") == 2, _notes(art)
     ours = art.load().run(feeds)[0]
     diff = np.abs(ours.astype(np.int32) - _as_written(model, feeds).astype(np.int32))
-    assert diff.max() <= 1 and np.mean(diff != 0) <= 1e-2
+    # two requantizations in a row (the scores, then the output): where the first rounds a
+    # tie the other way, the softmax moves, and the output can land two steps off (1 of 40
+    # seeds did, in 0.4% of its elements)
+    assert diff.max() <= 2 and np.mean(diff != 0) <= 1e-2
 
 
 def test_other_int8_paths_keep_float_products(tmp_path):
@@ -133,8 +139,9 @@ def test_other_int8_paths_keep_float_products(tmp_path):
     assert diff.max() <= 1 and np.mean(diff != 0) <= 1e-2
 
 
+@pytest.mark.parametrize("path", ["vnni", "sdot"])
 @pytest.mark.parametrize("m,k,n,zb", [(7, 30, 20, 3), (5, 6, 17, 200), (33, 130, 40, 128)])
-def test_odd_sizes_are_exact(m, k, n, zb, tmp_path):
+def test_odd_sizes_are_exact(m, k, n, zb, path, tmp_path):
     # k not a multiple of 4, n not of 16 (the packing's scalar path), zero points on both sides
     # and none on b (128: the row term drops out)
     sa, sb = np.float32(0.02), np.float32(0.03)
@@ -146,7 +153,7 @@ def test_odd_sizes_are_exact(m, k, n, zb, tmp_path):
                        [("y", np.float32, None)], inits, opset=17)
     feeds = {"a": RNG.uniform(-1.0, 4.0, (2, m, k)).astype(np.float32),
              "b": RNG.uniform(-6.0, 2.0, (2, k, n)).astype(np.float32)}
-    art = deploy.compile(model, target=_target(tmp_path, "vnni"))
+    art = deploy.compile(model, target=_target(tmp_path, path))
     assert "QBatchMatMul" in _notes(art)
     qa = np.clip(np.rint(feeds["a"] / sa) + 17, 0, 255).astype(np.uint8)
     qb = np.clip(np.rint(feeds["b"] / sb) + zb, 0, 255).astype(np.uint8)

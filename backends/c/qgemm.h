@@ -206,6 +206,12 @@ static inline uint8_t dp_q_flip(const dp_qgeom* g) {
   return (g->path == 5) != (g->x_signed != 0) ? 0x80 : 0;
 }
 
+/* the activations' zero point as the kernel reads it: uint8 (vnni), int8 (sdot) */
+static inline int32_t dp_q_zx(const dp_qgeom* g) {
+  const uint8_t b = (uint8_t)g->x_zp ^ dp_q_flip(g);
+  return g->path == 5 ? (int32_t)(int8_t)b : (int32_t)b;
+}
+
 /* a row's sum: of uint8 operands (vnni), of int8 ones (sdot) */
 static int32_t dp_q_bytesum(const dp_qgeom* g, const uint8_t* p, int64_t n) {
   int32_t s = 0;
@@ -1379,7 +1385,7 @@ static void dp_qb_pack_rows(const uint8_t* bt, int64_t k, int64_t n, int64_t kq,
 static void dp_qbmm_one(const dp_qgeom* g, const uint8_t* a, const uint8_t* bb, int32_t zw,
                         uint8_t flip, int trans, float scale, void* out) {
   const int64_t n = g->n, k = g->c, kp = g->kp, np_ = g->np, kq = kp / 4;
-  const int32_t zx = g->x_zp + (g->x_signed ? 128 : 0);
+  const int32_t zx = dp_q_zx(g);
   const size_t wbytes = ((size_t)kp * np_ + 63) / 64 * 64;
   char* buf = (char*)dp_grow(&dp_qb_buf, &dp_qb_cap, wbytes + (size_t)np_ * 16 + 64);
   if (!buf) return;

@@ -137,7 +137,8 @@ def pack_kernel(k, step: dict, plan, target_path: str):
         inputs, vids = [k.inputs[0], Buffer("qb", b.shape, b.dtype)], step["inputs"][:2]
         extra = _post_inputs(st.spec, k, step, plan, inputs, vids) if st.spec.post else {}
         step["inputs"] = vids
-        stage = dataclasses.replace(st, spec=dataclasses.replace(st.spec, path="vnni"),
+        path = "sdot" if target_path == "sdot" else "vnni"
+        stage = dataclasses.replace(st, spec=dataclasses.replace(st.spec, path=path),
                                     weights=("b", *extra))
         return dataclasses.replace(k, inputs=inputs, stages=[stage])
     if st.spec.algo == "winograd":

@@ -18,7 +18,7 @@ constants) until this pass has looked at them. The rules, tried to a fixpoint:
 5. ``MaxPool(DQ(q))`` -> ``DQ(MaxPool(q))`` (DQ is increasing): the pool reads bytes;
 6. in rule 3, ``Q(Relu(y))`` counts as ``Q(y)`` where Q's zero point is the type's least value
    (exact: both saturate a negative ``y`` to it), as PT2E quantizes a Conv + ReLU output;
-7. on CPU targets with u8 x s8 dot products (``vnni``, ``amx``): ``MatMul(DQ(a), DQ(b))`` with
+7. on CPU targets with byte dot products (``vnni``, ``amx``, ``sdot``): ``MatMul(DQ(a), DQ(b))`` with
    both operands run-time bytes (through Transpose / Reshape, moved onto the bytes) ->
    ``QBatchMatMul(a, b)``, ``float32(sum (a - za)(b - zb)) * sa * sb``: a QDQ attention's two
    products in integers (the graph's float sums of float products agree to rounding);
@@ -51,7 +51,7 @@ from .rewrite import Rewriter, rewrite
 
 QTYPES = (DType.uint8, DType.int8)
 QOPS = ("QMatMul", "QConv")
-BYTE_DOT_PATHS = ("vnni", "amx")  # int8 paths whose kernels take QBatchMatMul (qgemm.h dp_qbmm)
+BYTE_DOT_PATHS = ("vnni", "amx", "sdot")  # int8 paths whose kernels take QBatchMatMul (dp_qbmm)
 
 
 def _scalar(rw: Rewriter, v: Value | None) -> float | None:
