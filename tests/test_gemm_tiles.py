@@ -55,3 +55,21 @@ def test_fp8_gelu_gemm_takes_paired_128_square_tiles():
         <= H100.shared_mem_per_sm
     # without a costly epilogue the wide tile stays
     assert fp8_gemm_config(half, 768, H100).bn == 256
+
+
+def test_short_convolutions_take_epilogue_friendly_tiles_on_hopper():
+    # ResNet-50 batch 32's 1 x 1 convolutions (operands through pointers): one K step -> 64 x 128
+    # tiles instead of 128 x 256; two to eight steps -> 128 x 128 on 8 warps, 3 stages
+    one = gemm_config(100352, 256, 64, H100, half=True)
+    assert (one.bm, one.bn, one.num_warps) == (64, 128, 4)
+    for m, n, k in ((25088, 512, 128), (6272, 1024, 256), (100352, 128, 256)):
+        cfg = gemm_config(m, n, k, H100, half=True)
+        assert (cfg.bm, cfg.bn, cfg.num_warps, cfg.num_stages) == (128, 128, 8, 3)
+    # long K, narrow tiles, plain (TMA-able) matrices, sm_80 and fp32 keep the cost model's
+    assert gemm_config(6272, 256, 1024, H100, half=True).num_warps == 4
+    narrow = gemm_config(100352, 64, 576, H100, half=True)
+    assert (narrow.bm, narrow.num_warps) == (128, 4)
+    assert gemm_config(100352, 96, 384, H100, half=True, plain=True).num_warps == 4
+    assert gemm_config(100352, 256, 64, load_target("a100"), half=True).bm == 128
+    fp32 = gemm_config(100352, 256, 64, H100)
+    assert fp32.bm * fp32.bn <= 64 * 64

@@ -101,3 +101,47 @@ def test_gpu_patch_embeddings_over_three_channels_read_four(nhwc):
     assert sorted(n.inputs[1].shape for n in convs) == [(3, 3, 8, 8), (4, 4, 4, 8), (7, 7, 3, 8)]
     same_outputs(g, out)
     assert not any(n.op.name == "Pad" for n in layout(g, load_target(nhwc)).nodes)
+
+
+@pytest.mark.parametrize("shape, kernel, pads", [
+    ((2, 3, 32, 32), 7, (3, 3, 3, 3)),  # ResNet's stem
+    ((1, 3, 29, 30), 7, (3, 2, 3, 3)),  # odd sizes, uneven padding: the blocks need more
+    ((2, 2, 16, 16), 5, (2, 2, 2, 2)),  # two channels, a 5 x 5 kernel
+])
+def test_gpu_stride_two_stems_become_stride_one_over_pixel_blocks(shape, kernel, pads):
+    """On GPU targets a stride-2 convolution over 2-4 channels with a kernel 5 wide or wider
+    reads 2 x 2 pixel blocks of 16 channels (one conversion writes them, borders zeroed) through
+    a ceil(k / 2)-wide stride-1 kernel without padding; same outputs."""
+    rng = np.random.default_rng(4)
+    b = builder()
+    x = b.input("x", f32(*shape))
+    w = b.const(rng.standard_normal((8, shape[1], kernel, kernel)).astype(np.float32))
+    y = b.op("Conv", x, w, b.const(rng.standard_normal(8).astype(np.float32)), pads=pads,
+             strides=(2, 2), dilations=(1, 1))
+    g = b.finish([b.op("Relu", y)])
+    out = layout(g, load_target("h100"))
+    conv = next(n for n in out.nodes if n.op.name == "Conv")
+    taps = -(-kernel // 2)
+    assert conv.inputs[1].shape == (taps, taps, 16, 8)
+    assert tuple(conv.attrs["strides"]) == (1, 1) and tuple(conv.attrs["pads"]) == (0, 0, 0, 0)
+    same_outputs(g, out, atol=1e-4)  # outputs up to ~30, summed over 147 products in another order
+
+
+def test_gpu_stems_that_keep_their_form(nhwc):
+    """Not rewritten: a 3 x 3 stride-2 stem (MobileNet's), 8 input channels, stride 1, and CPU
+    targets."""
+    rng = np.random.default_rng(5)
+    b = builder()
+    x = b.input("x", f32(1, 3, 16, 16))
+    w3 = b.const(rng.standard_normal((8, 3, 3, 3)).astype(np.float32))
+    y = b.op("Conv", x, w3, pads=(1, 1, 1, 1), strides=(2, 2), dilations=(1, 1))
+    w7 = b.const(rng.standard_normal((8, 8, 7, 7)).astype(np.float32))
+    y = b.op("Conv", y, w7, pads=(3, 3, 3, 3), strides=(2, 2), dilations=(1, 1))
+    w1 = b.const(rng.standard_normal((8, 3, 7, 7)).astype(np.float32))
+    z = b.op("Conv", x, w1, pads=(3, 3, 3, 3), strides=(1, 1), dilations=(1, 1))
+    g = b.finish([y, z])
+    for target in ("h100", nhwc):
+        out = layout(g, load_target(target))
+        assert sorted(n.inputs[1].shape for n in out.nodes if n.op.name == "Conv") == \
+            [(3, 3, 3, 8), (7, 7, 3, 8), (7, 7, 8, 8)]
+        same_outputs(g, out)

@@ -219,6 +219,23 @@ def test_patch_embedding_over_three_channels_reads_a_fourth(tmp_path):
     assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 2e-3  # fp16 operands
 
 
+def test_resnet_stem_reads_pixel_blocks(tmp_path):
+    """ResNet's 7 x 7 stride-2 stem on the H100 in fp16 runs as a 4 x 4 stride-1 convolution over
+    2 x 2 pixel blocks of 16 channels (graph_ir/passes/layout.py): the GEMM's K is 4 x 4 x 16."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[2, 2], pads=[3, 3, 3, 3]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [2, 3, 32, 32])],
+                       [("y", np.float32, [2, 64, 16, 16])],
+                       initializers={"w": rand(64, 3, 7, 7) / 7, "b": rand(64)})
+    art = deploy.compile(model, target="h100", aot=False, dtype="fp16")
+    gemm = [s for k in art.manifest["kernels"] for s in k["schedule"] if s["template"] == "gemm"]
+    assert [s["k"] for s in gemm] == [4 * 4 * 16]
+    x = rand(2, 3, 32, 32)
+    ours = deploy.load(art.save(tmp_path / "m.dpk"), device=InterpretDevice()).run({"x": x})[0]
+    ref = run_ort(model, {"x": x})[0]
+    assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 2e-3  # fp16 operands
+
+
 def test_depthwise_conv_and_pool(tmp_path):
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], group=4),
              helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]

@@ -35,6 +35,10 @@ def to_channels_last(node: Node, rw: Rewriter, pad_channels: bool = False) -> Va
     if node.op.name == "Pool" and (node.attrs["mode"] not in ("max", "avg")
                                    or node.attrs["indices"] or node.attrs["storage_order"]):
         return None
+    if pad_channels and node.op.name == "Conv":
+        folded = space_to_depth(node, rw)
+        if folded is not None:
+            return folded
     ins = [rw.emit("Transpose", [x], node.name + "_nhwc", perm=TO_NHWC)]
     if node.op.name in ("Conv", "QConv"):
         w = rw.const(node.inputs[1])
@@ -64,6 +68,47 @@ def _channel_pad(node: Node, hwio: np.ndarray) -> int:
             a.get("dilations", (1, 1))[-1] != 1:
         return 0
     return 4 - c
+
+
+def space_to_depth(node: Node, rw: Rewriter) -> Value | None:
+    """A stride-2 convolution over an image's few channels (ResNet's 7 x 7 stem) as a stride-1
+    one over 2 x 2 pixel blocks, on GPU targets: the input is zero-padded (its borders, and its 3
+    channels to 4), each 2 x 2 block of pixels becomes one pixel of 16 channels, and the kernel
+    shrinks to ceil(k / 2) taps a side (the weights re-laid out to match, zeros where the odd
+    kernel ends). One conversion kernel writes that input; the convolution's window rows are then
+    ``ceil(k / 2) * 16`` contiguous values with no border to mask, which the implicit GEMM copies
+    16 bytes at a time instead of gathering 3-value runs."""
+    x, a = node.inputs[0], node.attrs
+    w = rw.const(node.inputs[1])
+    if w is None or len(x.shape) != 4 or a.get("group", 1) != 1 or tuple(a["strides"]) != (2, 2) or \
+            tuple(a["dilations"]) != (1, 1) or not 2 <= x.shape[1] <= 4 or \
+            min(w.shape[2:]) < S2D_MIN_KERNEL or not all(isinstance(d, int) for d in x.shape[2:]):
+        return None
+    (top, left, bottom, right), (kh, kw) = a["pads"], w.shape[2:]
+    out = [(x.shape[2] + top + bottom - kh) // 2 + 1, (x.shape[3] + left + right - kw) // 2 + 1]
+    taps = [-(-kh // 2), -(-kw // 2)]
+    size = [2 * (o + t - 1) for o, t in zip(out, taps)]  # the padded input the blocks cover
+    ends = [size[0] - x.shape[2] - top, size[1] - x.shape[3] - left]
+    if min(ends) < 0:
+        return None  # the stride-2 windows stop short of the padded input's end: not this form
+    c, n = x.shape[1], x.shape[0]
+    v = rw.emit("Pad", [x], node.name + "_s2d_pad",
+                pads=[0, 0, top, left, 0, 4 - c, ends[0], ends[1]])
+    v = rw.emit("Reshape", [v], node.name + "_s2d_split",
+                shape=(n, 4, size[0] // 2, 2, size[1] // 2, 2))
+    v = rw.emit("Transpose", [v], node.name + "_s2d", perm=(0, 2, 4, 3, 5, 1))
+    v = rw.emit("Reshape", [v], node.name + "_s2d_nhwc", shape=(n, size[0] // 2, size[1] // 2, 16))
+    hwio = np.pad(w.transpose(2, 3, 1, 0), [(0, 2 * taps[0] - kh), (0, 2 * taps[1] - kw),
+                                            (0, 4 - c), (0, 0)])
+    hwio = hwio.reshape(taps[0], 2, taps[1], 2, 4, -1).transpose(0, 2, 1, 3, 4, 5)
+    hwio = rw.new_const(np.ascontiguousarray(hwio.reshape(taps[0], taps[1], 16, -1)),
+                        node.name + "_s2d_hwio", node.inputs[1])
+    y = rw.emit("Conv", [v, hwio, *node.inputs[2:]], node.name,
+                **dict(a, strides=(1, 1), pads=(0, 0, 0, 0), layout="NHWC"))
+    return rw.emit("Transpose", [y], node.name + "_nchw", perm=TO_NCHW)
+
+
+S2D_MIN_KERNEL = 5  # kernels this wide or wider (ResNet's 7 x 7 stem); MobileNet's 3 x 3 stays
 
 
 def _transposed(rw: Rewriter, v: Value | None):
