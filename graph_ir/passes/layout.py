@@ -27,7 +27,8 @@ def _inverse(perm) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argsort(perm))
 
 
-def to_channels_last(node: Node, rw: Rewriter, pad_channels: bool = False) -> Value | None:
+def to_channels_last(node: Node, rw: Rewriter, pad_channels: bool = False,
+                     blocks: bool = False) -> Value | None:
     # Conv/Pool(x NCHW) -> T(Conv/Pool[NHWC](T(x)))
     x = node.inputs[0]
     if len(x.shape) != 4 or node.attrs.get("layout", "NCHW") != "NCHW" or len(node.outputs) != 1:
@@ -35,7 +36,7 @@ def to_channels_last(node: Node, rw: Rewriter, pad_channels: bool = False) -> Va
     if node.op.name == "Pool" and (node.attrs["mode"] not in ("max", "avg")
                                    or node.attrs["indices"] or node.attrs["storage_order"]):
         return None
-    if pad_channels and node.op.name == "Conv":
+    if blocks and node.op.name == "Conv":
         folded = space_to_depth(node, rw)
         if folded is not None:
             return folded
@@ -77,7 +78,9 @@ def space_to_depth(node: Node, rw: Rewriter) -> Value | None:
     shrinks to ceil(k / 2) taps a side (the weights re-laid out to match, zeros where the odd
     kernel ends). One conversion kernel writes that input; the convolution's window rows are then
     ``ceil(k / 2) * 16`` contiguous values with no border to mask, which the implicit GEMM copies
-    16 bytes at a time instead of gathering 3-value runs."""
+    16 bytes at a time instead of gathering 3-value runs. Tensor-core builds only (``--dtype``
+    fp16/bf16/fp8): K grows from k * k * c to ceil(k / 2)^2 * 16 (147 -> 256 for the 7 x 7 stem),
+    which float32 FMA loops would pay for."""
     x, a = node.inputs[0], node.attrs
     w = rw.const(node.inputs[1])
     if w is None or len(x.shape) != 4 or a.get("group", 1) != 1 or tuple(a["strides"]) != (2, 2) or \
@@ -185,12 +188,14 @@ def unit_transpose_to_reshape(node: Node, rw: Rewriter) -> Value | None:
 ELEMENTWISE_RULES = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Relu", "Neg", "Exp", "Sqrt", "Tanh", "Erf", "Pow", "Sigmoid", "Clip", "Where", "Cast", "Abs", "Log", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Reciprocal", "Equal", "Less", "Greater", "And", "Or", "Not", "LessOrEqual", "GreaterOrEqual", "Mod", "IsNaN", "IsInf", "HardSigmoid"]
 
 
-def layout(g: Graph, target=None) -> Graph:
+def layout(g: Graph, target=None, dtype=None) -> Graph:
     if target is None or getattr(target, "preferred_layout", "NCHW") != "NHWC":
         return g
     from ..ops import OPS
+    from .precision import half_dtype
     pad = getattr(target, "kind", "") == "gpu"  # (_channel_pad)
-    convert = [(op, functools.partial(to_channels_last, pad_channels=pad))
+    blocks = pad and half_dtype(dtype) is not None  # (space_to_depth)
+    convert = [(op, functools.partial(to_channels_last, pad_channels=pad, blocks=blocks))
                for op in ("Conv", "Pool", "QConv") if op in OPS and "layout" in OPS[op].attrs]
     if not convert:
         return g

@@ -46,7 +46,7 @@ PIPELINE = [
     ("fuse", fuse),  # groups of nodes -> Fused nodes, one kernel each
 ]
 PASS_OPTIONS = {"precision": ("dtype", "keep_fp32", "calibration"),  # pass -> compile options
-                "expand_dw": ("dtype",)}
+                "expand_dw": ("dtype",), "layout": ("dtype",)}
 
 
 def run_pipeline(g: Graph, target, dump: Path | None = None,
