@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from deploy.bench.fp8_error import errors, fake_e4m3, round_weight  # noqa: E402
+from deploy.bench.fp8_error import errors, fake_e4m3, round_weight
 
 
 def test_fake_quantization_rounds_as_ml_dtypes_does():
