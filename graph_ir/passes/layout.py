@@ -83,9 +83,7 @@ def space_to_depth(node: Node, rw: Rewriter) -> Value | None:
     which float32 FMA loops would pay for."""
     x, a = node.inputs[0], node.attrs
     w = rw.const(node.inputs[1])
-    if w is None or len(x.shape) != 4 or a.get("group", 1) != 1 or tuple(a["strides"]) != (2, 2) or \
-            tuple(a["dilations"]) != (1, 1) or not 2 <= x.shape[1] <= 4 or \
-            min(w.shape[2:]) < S2D_MIN_KERNEL or not all(isinstance(d, int) for d in x.shape[2:]):
+    if w is None or not _blocks_fit(x.shape, w.shape, a):
         return None
     (top, left, bottom, right), (kh, kw) = a["pads"], w.shape[2:]
     out = [(x.shape[2] + top + bottom - kh) // 2 + 1, (x.shape[3] + left + right - kw) // 2 + 1]
@@ -112,6 +110,14 @@ def space_to_depth(node: Node, rw: Rewriter) -> Value | None:
 
 
 S2D_MIN_KERNEL = 5  # kernels this wide or wider (ResNet's 7 x 7 stem); MobileNet's 3 x 3 stays
+
+
+def _blocks_fit(x_shape, w_shape, a: dict) -> bool:
+    """A dense stride-2 convolution over 2-4 channels of static size, kernel 5 or more wide."""
+    static = len(x_shape) == 4 and all(isinstance(d, int) for d in x_shape[1:])
+    return static and 2 <= x_shape[1] <= 4 and a.get("group", 1) == 1 and \
+        tuple(a["strides"]) == (2, 2) and tuple(a["dilations"]) == (1, 1) and \
+        min(w_shape[2:]) >= S2D_MIN_KERNEL
 
 
 def _transposed(rw: Rewriter, v: Value | None):
