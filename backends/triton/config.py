@@ -259,8 +259,8 @@ def _short(bm: int, bn: int, k: int, target, half: bool) -> GemmConfig | None:
     (bias, residual, the store) is much of their time, and the cost model, which counts the main
     loop alone, picks tiles too large for that. One K step: 64 x 128 tiles, so that several
     programs per multiprocessor overlap their stores; two to eight steps: 128 x 128 tiles on 8
-    warps, 3 stages. ResNet-50
-    at batch 32 on an H100, tuned against these defaults (one kernel's launch, us): its
+    warps, 3 stages. ResNet-50 at batch 32 on an H100, tuned against these defaults (one
+    kernel's launch, us): its
     100352 x 256 x 64 convolutions + residual 55.0 -> 43.2 at 64 x 128 (from 128 x 256), its
     25088 x 512 x 128 ones 32.6 -> 28.5 and 6272 x 1024 x 256 ones 23.1 -> 20.6 at 128 x 128 on 8
     warps, its 100352 x 128 x 256 one 41.9 -> 36.4 on 8 warps instead of 4."""

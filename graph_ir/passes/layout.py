@@ -99,14 +99,21 @@ def space_to_depth(node: Node, rw: Rewriter) -> Value | None:
                 shape=(n, 4, size[0] // 2, 2, size[1] // 2, 2))
     v = rw.emit("Transpose", [v], node.name + "_s2d", perm=(0, 2, 4, 3, 5, 1))
     v = rw.emit("Reshape", [v], node.name + "_s2d_nhwc", shape=(n, size[0] // 2, size[1] // 2, 16))
-    hwio = np.pad(w.transpose(2, 3, 1, 0), [(0, 2 * taps[0] - kh), (0, 2 * taps[1] - kw),
-                                            (0, 4 - c), (0, 0)])
-    hwio = hwio.reshape(taps[0], 2, taps[1], 2, 4, -1).transpose(0, 2, 1, 3, 4, 5)
-    hwio = rw.new_const(np.ascontiguousarray(hwio.reshape(taps[0], taps[1], 16, -1)),
-                        node.name + "_s2d_hwio", node.inputs[1])
+    hwio = rw.new_const(_block_weights(w, taps), node.name + "_s2d_hwio", node.inputs[1])
     y = rw.emit("Conv", [v, hwio, *node.inputs[2:]], node.name,
                 **dict(a, strides=(1, 1), pads=(0, 0, 0, 0), layout="NHWC"))
     return rw.emit("Transpose", [y], node.name + "_nchw", perm=TO_NCHW)
+
+
+def _block_weights(w: np.ndarray, taps: list[int]) -> np.ndarray:
+    """OIHW weights -> HWIO over 2 x 2 pixel blocks: ``[taps_h, taps_w, 16, O]``, the 16 input
+    channels ordered (row in the block, column in the block, channel), zeros past the kernel's
+    odd end and for the fourth channel."""
+    _, c, kh, kw = w.shape
+    hwio = np.pad(w.transpose(2, 3, 1, 0), [(0, 2 * taps[0] - kh), (0, 2 * taps[1] - kw),
+                                            (0, 4 - c), (0, 0)])
+    hwio = hwio.reshape(taps[0], 2, taps[1], 2, 4, -1).transpose(0, 2, 1, 3, 4, 5)
+    return np.ascontiguousarray(hwio.reshape(taps[0], taps[1], 16, -1))
 
 
 S2D_MIN_KERNEL = 5  # kernels this wide or wider (ResNet's 7 x 7 stem); MobileNet's 3 x 3 stays
