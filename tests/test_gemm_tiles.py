@@ -57,6 +57,19 @@ def test_fp8_gelu_gemm_takes_paired_128_square_tiles():
     assert fp8_gemm_config(half, 768, H100).bn == 256
 
 
+def test_gathering_convolutions_keep_three_stages_on_hopper():
+    # ResNet-50 batch 32's 56 x 56 convolutions gather their input through pointers: 3 stages
+    # (room for another program per multiprocessor) where the cost model's tiles took 4
+    for m, n, k in ((100352, 64, 576), (401408, 64, 256), (100352, 64, 64)):
+        cfg = gemm_config(m, n, k, H100, half=True)
+        assert (cfg.bm, cfg.bn, cfg.num_stages) == (128, 64, 3), (m, n, k, cfg)
+    # plain (TMA-able) matrices, under two waves of tiles, sm_80 and fp32 keep 4
+    assert gemm_config(100352, 64, 576, H100, half=True, plain=True).num_stages == 4
+    assert gemm_config(6272, 256, 2304, H100, half=True).num_stages == 4
+    assert gemm_config(100352, 64, 576, load_target("a100"), half=True).num_stages == 4
+    assert gemm_config(100352, 64, 576, H100).num_stages > 3
+
+
 def test_short_convolutions_take_epilogue_friendly_tiles_on_hopper():
     # ResNet-50 batch 32's 1 x 1 convolutions (operands through pointers): one K step -> 64 x 128
     # tiles instead of 128 x 256; two to eight steps -> 128 x 128 on 8 warps, 3 stages

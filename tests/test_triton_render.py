@@ -479,3 +479,17 @@ def test_symbolic_rows_address_without_division():
                 names = set(re.findall(r"[A-Za-z_]\w*", address))
                 assert "//" not in address and "%" not in address, line
                 assert not names & divided, line
+
+
+@pytest.mark.parametrize("batch", [2, "n"])
+def test_layout_changes_render_as_rows(tmp_path, batch):
+    """A pointwise stage that moves data (NCHW -> NHWC with 16 channels) indexes whole rows of
+    its innermost dimension: the outer indices once per row, not per element."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Sigmoid", ["t"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [batch, 16, 5, 7])],
+                       [("y", np.float32, [batch, 5, 7, 16])])
+    m = interpreted(model, {"x": rand(2, 16, 5, 7)}, tmp_path)
+    assert templates(m) == ["pointwise"], templates(m)
+    src = deploy.compile(model, target="h100", aot=False).members["gpu/kernels.py"].decode()
+    assert "cidx = tl.arange(0, 16)[None, :]" in src and "ridx // 35" in src, src

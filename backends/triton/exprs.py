@@ -274,6 +274,17 @@ class Emitter:
             if block:
                 self.block_vars.add(v)
 
+    def decompose_rows(self, rows: str, cols: str, flat: str, vars_, extents) -> None:
+        """Bind ``vars_`` from a 2-D block: the outer variables from ``rows`` (``[R, 1]``), the
+        innermost from ``cols`` (``[1, E]``); ``flat`` is ``rows * E + cols``."""
+        self.decompose(rows, vars_[:-1], extents[:-1])
+        self.env[vars_[-1]] = cols
+        self.block_vars.add(vars_[-1])
+        parts = tuple((v, e) for v, e in zip(vars_, extents) if e != 1)
+        for v, e in zip(vars_, extents):
+            if e != 1:
+                self.decomposed[v] = (self.env[v], flat, parts)
+
     # ---- expressions --------------------------------------------------------------------------
     def expr(self, e: Expr, guard: str | None) -> str:
         if isinstance(e, Var):

@@ -14,7 +14,9 @@ Templates, chosen per stage in this order (first that applies):
 - ``reduction``: ``XBLOCK`` output points per program, each reduction over ``RBLOCK`` lanes,
   looping when longer (reductions nested inside reductions run serially);
 - ``pointwise``: a flat 1-D block over the output, the flat index decomposed into the stage's
-  variables with ``//`` and ``%``.
+  variables with ``//`` and ``%``; a stage that moves data (a load indexed other than by the
+  output's own index) and whose innermost extent is 8 to 64 runs on ``[rows, extent]`` blocks
+  instead, its outer indices computed once per row (``_row_width``).
 """
 from __future__ import annotations
 
@@ -224,9 +226,18 @@ class StageRenderer:
         cfg = pointwise_config(hint(n))
         em = self.em
         em.param(st.out)
-        em.emit(f"xidx = {self._flat_index(n, 'XBLOCK')}")
-        em.emit(f"xmask = xidx < {S(n)}")
-        em.decompose("xidx", st.vars, st.extents)
+        width = _row_width(st, cfg.block)
+        if width:  # rows of the innermost dimension: the outer indices once per row
+            rows = _numel(st.extents[:-1])
+            em.emit(f"ridx = {self._flat_index(rows, f'(XBLOCK // {width})', '[:, None]')}")
+            em.emit(f"cidx = tl.arange(0, {width})[None, :]")
+            em.emit(f"xidx = ridx * {width} + cidx")
+            em.emit(f"xmask = ridx < {S(rows)}")
+            em.decompose_rows("ridx", "cidx", "xidx", st.vars, st.extents)
+        else:
+            em.emit(f"xidx = {self._flat_index(n, 'XBLOCK')}")
+            em.emit(f"xmask = xidx < {S(n)}")
+            em.decompose("xidx", st.vars, st.extents)
         value = em.stored(st.body, "xmask", self.refs[st.out].dtype)
         self._store(st, value, "xmask", "xidx")
         grid = (cdiv(n, cfg.block),)
@@ -665,6 +676,20 @@ def _is_serial(st: Stage, refs: dict[str, BufRef]) -> bool:
                 not (same and x.buf == st.out and _identity(x.index, st.vars, st.extents)):
             return True  # reads its own output at another point: order matters
     return False
+
+
+def _row_width(st: Stage, block: int) -> int:
+    """The innermost extent, where a pointwise stage is better rendered as rows of it: a power
+    of two from 8 to 64 (a vector's store per thread and more), a block of at least two rows,
+    and some load addressed by other than the output's own index (a layout change, whose
+    per-element ``//`` and ``%`` would otherwise run for every element). 0 otherwise."""
+    width = st.extents[-1] if st.extents else 0
+    if st.store_index is not None or not isinstance(width, int) or width & (width - 1) or \
+            not 8 <= width <= 64 or block < 2 * width:
+        return 0
+    moved = any(isinstance(x, Load) and not _identity(x.index, st.vars, st.extents)
+                for x in walk(st.body))
+    return width if moved else 0
 
 
 def _identity(index, vars_, extents) -> bool:
