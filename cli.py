@@ -167,6 +167,11 @@ def _add_bench(sub, common) -> None:
     b.add_argument("--flush-l2", action="store_true",
                    help="with --profile, GPU: overwrite 256 MB before each timed launch (else "
                         "launches share L2 as in the graph)")
+    b.add_argument("--in-graph", action="store_true",
+                   help="with --profile, GPU: each kernel's time is what it adds to a replay of "
+                        "the CUDA graph (its end minus the latest end before it, from CUPTI "
+                        "through torch's profiler; needs torch with CUDA); they sum to the "
+                        "replay")
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     _size_arg(b)
     _progress_args(b)
@@ -637,8 +642,9 @@ def cmd_bench(args) -> int:
         args.artifact, args.json = args.json, True
     if args.profile:
         return _bench_profile(args)
-    if args.flush_l2:
-        raise UsageError("--flush-l2 goes with --profile (GPU artifacts)")
+    if args.flush_l2 or args.in_graph:
+        raise UsageError(f"{'--flush-l2' if args.flush_l2 else '--in-graph'} goes with "
+                         "--profile (GPU artifacts)")
     args.runs = 100 if args.runs is None else args.runs
     with _progress(args, tick=False) as progress:  # no thread beside the timed calls
         progress.begin("load")
@@ -690,7 +696,7 @@ def _bench_profile(args) -> int:
     if bad:
         raise UsageError(f"--dim {bad[0]}: give one size (NAME=N) to profile at")
     res = profile_artifact(args.artifact, dims, runs, threads=args.threads,
-                           flush_l2=args.flush_l2)
+                           flush_l2=args.flush_l2, in_graph=args.in_graph)
     if args.json is True:
         print(json.dumps(res, indent=1))
         return 0

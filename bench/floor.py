@@ -233,10 +233,12 @@ def profile_sizes(manifest: dict, dims: dict[str, int]) -> dict[str, int]:
 
 
 def profile_artifact(path: str, dims: dict[str, int] | None = None, runs: int = 20,
-                     threads: int | None = None, flush_l2: bool = False) -> dict:
+                     threads: int | None = None, flush_l2: bool = False,
+                     in_graph: bool = False) -> dict:
     """Time every kernel of the artifact at ``path`` on its own (a GPU artifact on this
     machine's NVIDIA GPU, ``bench/gpu_profile.py``; a CPU one with ``bench/cpu_profile.py``)
-    and set each against its floor. Returns plain data (the ``--json`` output)."""
+    and set each against its floor. ``in_graph`` (GPU): each kernel's time is instead what it
+    adds to a replay of the CUDA graph. Returns plain data (the ``--json`` output)."""
     from ..errors import DeployError, UsageError
     from ..runtime.artifact import read_artifact
     manifest = read_artifact(path).manifest
@@ -248,10 +250,11 @@ def profile_artifact(path: str, dims: dict[str, int] | None = None, runs: int = 
     gpu = tgt.get("kind") == "gpu"
     try:
         if gpu:
-            res = _profile_gpu(path, manifest, env, runs, flush_l2)
+            res = _profile_gpu(path, manifest, env, runs, flush_l2, in_graph)
         else:
-            if flush_l2:
-                raise UsageError("--flush-l2 goes with GPU artifacts")
+            if flush_l2 or in_graph:
+                raise UsageError(f"{'--flush-l2' if flush_l2 else '--in-graph'} goes with GPU "
+                                 "artifacts")
             res = _profile_cpu(path, env, runs, threads)
     except SystemExit as e:  # the profilers' own refusals (a message, no traceback)
         raise DeployError(f"{path}: {e.code}") from None
@@ -260,7 +263,8 @@ def profile_artifact(path: str, dims: dict[str, int] | None = None, runs: int = 
             "sizes": env, **res, "kernels": rows, "model": model_floor(rows, manifest, env)}
 
 
-def _profile_gpu(path: str, manifest: dict, env: dict, runs: int, flush: bool) -> dict:
+def _profile_gpu(path: str, manifest: dict, env: dict, runs: int, flush: bool,
+                 in_graph: bool = False) -> dict:
     from ..errors import DeployError, UsageError
     name = manifest.get("target", {}).get("name")
     api = manifest.get("gpu", {}).get("api", "cuda")
@@ -273,11 +277,15 @@ def _profile_gpu(path: str, manifest: dict, env: dict, runs: int, flush: bool) -
                           "(libcuda.so.1 not found). Run it on the machine with the GPU; "
                           "here, `deploy bench --profile` takes CPU artifacts")
     from .gpu_profile import profile
-    res = profile(path, runs, flush, env)
+    res = profile(path, runs, flush, env, in_graph)
+    measured = {"graph replay": res["graph_replay_ms"],
+                "launched one by one": res["sequential_ms"], "sum of kernels": res["sum_ms"]}
+    if in_graph:  # each kernel's time: what it adds to the replay
+        for t in res["launches"]:
+            t["alone_ms"], t["ms"] = t["ms"], t["in_graph_ms"]
+        measured["sum of increments in the graph"] = sum(t["ms"] for t in res["launches"])
     return {"device": res["device"], "timings": res["launches"], "flush_l2": flush,
-            "measured": {"graph replay": res["graph_replay_ms"],
-                         "launched one by one": res["sequential_ms"],
-                         "sum of kernels": res["sum_ms"]}}
+            "in_graph": in_graph, "measured": measured}
 
 
 def _profile_cpu(path: str, env: dict, runs: int, threads: int | None) -> dict:
@@ -300,7 +308,8 @@ def format_report(res: dict, top: int = 20) -> str:
     sizes = ", ".join(f"{k}={v}" for k, v in res["sizes"].items())
     head = (f"{res['artifact']} ({res['target']} on {res['device']}"
             + (f", sizes {sizes}" if sizes else "") + f"): {len(res['kernels'])} kernels"
-            + (", L2 flushed before each launch" if res.get("flush_l2") else ""))
+            + (", L2 flushed before each launch" if res.get("flush_l2") else "")
+            + (", each kernel's time its increment in the graph" if res.get("in_graph") else ""))
     table = format_table(res["kernels"], top, giga=res.get("kind") != "gpu")
     return "\n".join([head, "", table, "",
                       format_summary(res["model"], res["measured"])])

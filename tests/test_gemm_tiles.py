@@ -32,6 +32,19 @@ def test_pairing_keeps_out_of_other_cases():
     assert gemm_config(4096, 768, 3072, H100, tf32=True).bm == 64
 
 
+def test_gathering_gemms_take_64_row_tiles_on_hopper():
+    # ResNet-50 batch 32 (convolutions through pointers): no pairing of the 28 x 28 layers'
+    # 64-row tiles (196 tiles of 128 rows would pair), and the 14 x 14 3 x 3 ones (K = 2304)
+    # take 64 rows where 128-row tiles leave multiprocessors idle (98 tiles for 132)
+    for m, n, k in ((25088, 128, 1152), (25088, 128, 512), (6272, 256, 2304)):
+        cfg = gemm_config(m, n, k, H100, half=True)
+        assert (cfg.bm, cfg.bn) == (64, 128), (m, n, k, cfg)
+    # the same sizes as plain matrices pair or keep 128 rows; shorter K keeps 128 rows
+    assert gemm_config(25088, 128, 1152, H100, half=True, plain=True).bm == 128
+    assert gemm_config(6272, 256, 2304, H100, half=True, plain=True).bm == 128
+    assert gemm_config(6272, 256, 1024, H100, half=True).bm == 128
+
+
 def test_fp8_tiles_keep_the_pairing():
     # the same projections in fp8 (BK 128, one byte per element) still fit two programs per
     # multiprocessor; an unpaired tile keeps the deeper pipeline

@@ -234,6 +234,25 @@ def test_cli_profile_refuses_what_does_not_go_with_it(tmp_path, capsys):
     assert "--compare does not go with --profile" in capsys.readouterr().err
     assert cli.main(["bench", str(path), "--profile", "--flush-l2"]) != 0
     assert "--flush-l2 goes with GPU artifacts" in capsys.readouterr().err
+    assert cli.main(["bench", str(path), "--profile", "--in-graph"]) != 0
+    assert "--in-graph goes with GPU artifacts" in capsys.readouterr().err
+    assert cli.main(["bench", str(path), "--in-graph"]) != 0
+    assert "--in-graph goes with --profile" in capsys.readouterr().err
+
+
+def test_in_graph_increments():
+    """Each launch's increment: its end minus the latest end before it (a kernel that starts
+    early, as programmatic dependent launch allows, adds only its overhang), medians over the
+    replays, which may come in any order; they sum to each replay's span."""
+    from deploy.bench.gpu_profile import increments
+    one = [(0, 10), (8, 25), (9, 20), (26, 40)]  # the third ends inside the second
+    later = [(s + 100, e + 100) for s, e in one]
+    slower = [(s + 200, e + 200 + (5 if i == 3 else 0)) for i, (s, e) in enumerate(one)]
+    inc = increments(later + slower + one, 4, 3)
+    assert inc == pytest.approx([0.010, 0.015, 0.0, 0.015])
+    assert sum(increments(one, 4, 1)) == pytest.approx(0.040)
+    with pytest.raises(SystemExit, match="5 kernels for 1 replays of 4 launches"):
+        increments(one + [(50, 60)], 4, 1)
 
 
 @pytest.mark.gpu
@@ -254,3 +273,20 @@ def test_cli_profile_on_a_gpu(tmp_path, capsys):
     assert res["kernels"] and all(k["ms"] > 0 for k in res["kernels"])
     assert all(k["pct_floor"] is not None and k["pct_floor"] > 0 for k in res["kernels"])
     assert res["model"]["sum_floor_ms"] > 0
+    if not _torch_cuda():
+        return
+    assert cli.main(["bench", str(path), "--profile", "--runs", "5", "--in-graph", "--json",
+                     str(out)]) == 0
+    res = json.loads(out.read_text())
+    replay, added = (res["measured"][k] for k in ("graph replay", "sum of increments in the graph"))
+    # the increments leave out the graph's own launch, a large part of so small a replay
+    assert res["in_graph"] and 0 < added <= 1.2 * replay, (replay, added)
+    assert all(k["ms"] >= 0 for k in res["kernels"])
+
+
+def _torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
