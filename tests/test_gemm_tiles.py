@@ -45,6 +45,17 @@ def test_gathering_gemms_take_64_row_tiles_on_hopper():
     assert gemm_config(6272, 256, 1024, H100, half=True).bm == 128
 
 
+def test_nearly_one_wave_of_tiles_runs_unsplit_on_hopper():
+    # ResNet-50 batch 32's 1568 x 512 x 2048 convolutions: 100 tiles of 64 x 128 for 132
+    # multiprocessors, K split in two before; now whole, in steps of 128
+    cfg = gemm_config(1568, 512, 2048, H100, half=True)
+    assert (cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.num_stages) == (64, 128, 128, 1, 4)
+    # a longer K (its 3 x 3 ones, 4608) and fewer tiles (batch 8) keep the split; sm_80 its BK
+    assert gemm_config(1568, 512, 4608, H100, half=True).split_k > 1
+    assert gemm_config(392, 512, 2048, H100, half=True).split_k > 1
+    assert gemm_config(1568, 512, 2048, load_target("a100"), half=True).bk == 64
+
+
 def test_fp8_tiles_keep_the_pairing():
     # the same projections in fp8 (BK 128, one byte per element) still fit two programs per
     # multiprocessor; an unpaired tile keeps the deeper pipeline
