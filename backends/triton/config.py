@@ -301,10 +301,11 @@ def _nearly_one_wave(cfg: GemmConfig, m: int, n: int, k: int, batch: int, target
                      half: bool) -> GemmConfig:
     """No split-K for Hopper tiles of 64 x 128 or larger that already occupy three quarters of
     the multiprocessors, where K is at most ``NEARLY_ONE_WAVE_K``; BK 128 instead (half the
-    steps), with the stages one program per multiprocessor has room for. The split's partial sums and second launch cost more than the idle quarter gains:
-    ResNet-50's 1568 x 512 x 2048 convolutions at batch 32 (100 tiles of 64 x 128 for 132
-    multiprocessors) on an H100, the model 0.8% faster; its 1568 x 512 x 4608 ones (36 steps of
-    128) were slower unsplit, and keep the split."""
+    steps), with the stages one program per multiprocessor has room for. The split's partial
+    sums and second launch cost more than the idle quarter gains: ResNet-50's 1568 x 512 x 2048
+    convolutions at batch 32 (100 tiles of 64 x 128 for 132 multiprocessors) on an H100, the
+    model 0.6% faster; its 1568 x 512 x 4608 ones (36 steps of 128) were slower unsplit, and
+    keep the split."""
     tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * batch
     if cfg.split_k == 1 or not half or _sm(target) < 90 or cfg.bm < 64 or cfg.bn < 128 or \
             k > NEARLY_ONE_WAVE_K or not 3 * _sms(target) <= 4 * tiles < 4 * _sms(target):
