@@ -160,7 +160,7 @@ def _add_bench(sub, common) -> None:
     b.add_argument("--profile", action="store_true",
                    help="time every kernel on its own (GPU: between CUDA events, on the GPU; "
                         "CPU: one kernel call at a time) and show each one's time, share, "
-                        "TFLOP/s, GB/s and % of its floor max(FLOPs/peak, bytes/bandwidth), "
+                        "TFLOP/s, GB/s and %% of its floor max(FLOPs/peak, bytes/bandwidth), "
                         "and the whole model's floors (docs/benchmarks.md)")
     b.add_argument("--top", type=int, default=20,
                    help="with --profile: the slowest N kernels in the table (default 20)")

@@ -214,3 +214,15 @@ def test_compile_check_precision_flag(tmp_path, capsys, flag, expect):
     assert main(["compile", str(EXAMPLES / "cnn.onnx"), "--dtype", "fp16", flag,
                  "-o", str(tmp_path / "c.dpk")]) == 0
     assert expect in capsys.readouterr().out
+
+
+def test_every_command_prints_its_help(capsys):
+    """argparse expands ``%`` in help strings: one stray ``%`` breaks a command's ``--help``."""
+    from deploy.cli import build_parser
+    commands = next(a for a in build_parser()._actions if a.choices and a.dest != "help").choices
+    assert len(commands) > 5
+    for name in commands:
+        with pytest.raises(SystemExit) as exit_:
+            main([name, "--help"])
+        assert exit_.value.code == 0, name
+        assert f"deploy {name}" in capsys.readouterr().out
