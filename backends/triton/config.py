@@ -240,7 +240,9 @@ def gemm_config(m: int, n: int, k: int, target=None, half: bool = False, tf32: b
         # epilogues (ConvNeXt's 100352 x 384 x 96 GEMM + GELU on an H200: 94 -> 77 us; its
         # GEMM + GELU classes all tuned to 64 x 128; ResNet-50's, without one, got slower)
         bm = 64
-    cfg = _short(bm, bn, k, target, half) if tc and not heavy_epilogue and not plain else None
+    tiles128 = -(-m // 128) * -(-n // 128) * batch
+    cfg = _short(bm, bn, tiles128, k, target, half) if tc and not heavy_epilogue and not plain \
+        else None
     if cfg is None and tc and not heavy_epilogue and plain:
         cfg = _paired(bm, bn, m, n, k, batch, target, half)
     if cfg is None and tc and not plain:
@@ -257,14 +259,16 @@ def gemm_config(m: int, n: int, k: int, target=None, half: bool = False, tf32: b
     return cfg
 
 
-def _short(bm: int, bn: int, k: int, target, half: bool) -> GemmConfig | None:
+def _short(bm: int, bn: int, tiles: int, k: int, target, half: bool) -> GemmConfig | None:
     """Hopper tiles for short contractions (K <= ``SHORT_GEMM_K``: 1 x 1 convolutions; operands
     read through pointers) where the cost model picked 128 x 128 tiles or wider: their epilogue
     (bias, residual, the store) is much of their time, and the cost model, which counts the main
     loop alone, picks tiles too large for that. One K step: 64 x 128 tiles, so that several
-    programs per multiprocessor overlap their stores; two to eight steps: 128 x 128 tiles on 8
-    warps, 3 stages. ResNet-50 at batch 32 on an H100, tuned against these defaults (one
-    kernel's launch, us): its
+    programs per multiprocessor overlap their stores; K = 128: 128 x 128 tiles on 8 warps in
+    one step of 128 (ResNet-50's 25088 x 512 x 128 convolutions + residual at batch 32, 24.6 ->
+    23.5 us inside the model's graph, as tuning found); two to eight steps: 128 x 128 tiles on 8
+    warps, 3 stages, or where those tiles number one to two waves, ``_two_per_sm``. ResNet-50
+    at batch 32 on an H100, tuned against these defaults (one kernel's launch, us): its
     100352 x 256 x 64 convolutions + residual 55.0 -> 43.2 at 64 x 128 (from 128 x 256), its
     25088 x 512 x 128 ones 32.6 -> 28.5 and 6272 x 1024 x 256 ones 23.1 -> 20.6 at 128 x 128 on 8
     warps, its 100352 x 128 x 256 one 41.9 -> 36.4 on 8 warps instead of 4."""
@@ -272,8 +276,23 @@ def _short(bm: int, bn: int, k: int, target, half: bool) -> GemmConfig | None:
         return None
     if k <= 64:
         return _complete(64, 128, k, target, half, True)
+    if k == 128:
+        return GemmConfig(num_warps=8, num_stages=3, bm=128, bn=128, bk=128)
+    if _sms(target) < tiles <= 2 * _sms(target):
+        return _two_per_sm(k, target)
     cfg = _complete(128, 128, k, target, half, True, warps=8)
     return dataclasses.replace(cfg, num_stages=min(cfg.num_stages, 3))
+
+
+def _two_per_sm(k: int, target) -> GemmConfig:
+    """128 x 128 tiles on 4 warps with BK 32 and the stages two programs per multiprocessor
+    have room for: one to two waves of tiles all resident at once, each program's epilogue
+    under the other's main loop (ResNet-50's 1568 x 2048 x 512 convolutions + residual at
+    batch 32, 208 tiles for 132 multiprocessors of an H100: 14.0 -> 11.0-12.7 us inside the
+    model's graph, as tuning found)."""
+    per_stage = (128 + 128) * 32 * 2
+    stages = min(4, (_shared(target) // 2 - PAIR_RESERVE) // per_stage, max(2, k // 32))
+    return GemmConfig(num_warps=4, num_stages=stages, bm=128, bn=128, bk=32)
 
 
 SHORT_GEMM_K = 512
