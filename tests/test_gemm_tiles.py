@@ -102,6 +102,7 @@ def test_short_convolutions_take_epilogue_friendly_tiles_on_hopper():
     for m, n, k in ((25088, 512, 128), (6272, 1024, 256), (100352, 128, 256)):
         cfg = gemm_config(m, n, k, H100, half=True)
         assert (cfg.bm, cfg.bn, cfg.num_warps, cfg.num_stages) == (128, 128, 8, 3)
+        assert cfg.bk == (128 if k == 128 else 64), (m, n, k, cfg)  # K = 128: one step
     # long K, narrow tiles, plain (TMA-able) matrices, sm_80 and fp32 keep the cost model's
     assert gemm_config(6272, 256, 1024, H100, half=True).num_warps == 4
     narrow = gemm_config(100352, 64, 576, H100, half=True)
@@ -110,3 +111,18 @@ def test_short_convolutions_take_epilogue_friendly_tiles_on_hopper():
     assert gemm_config(100352, 256, 64, load_target("a100"), half=True).bm == 128
     fp32 = gemm_config(100352, 256, 64, H100)
     assert fp32.bm * fp32.bn <= 64 * 64
+
+
+def test_one_to_two_waves_of_short_tiles_fit_two_per_multiprocessor():
+    # ResNet-50 batch 32's stage-4 1 x 1 convolutions + residual: 208 tiles of 128 x 128 for 132
+    # multiprocessors -> 4 warps, BK 32, stages two programs fit: every tile resident at once
+    for m, n, k in ((1568, 2048, 512), (6272, 576, 96)):
+        cfg = gemm_config(m, n, k, H100, half=True)
+        assert (cfg.bm, cfg.bn, cfg.bk, cfg.num_warps) == (128, 128, 32, 4), (m, n, k, cfg)
+        assert cfg.split_k == 1 and 2 <= cfg.num_stages <= max(2, k // 32)
+        assert _two_fit(cfg, H100)
+    # more than two waves, under one wave, plain matrices and sm_80 keep their tiles
+    assert gemm_config(6272, 1024, 256, H100, half=True).num_warps == 8
+    assert gemm_config(1568, 1024, 512, H100, half=True).bk == 64
+    assert gemm_config(1568, 2048, 512, H100, half=True, plain=True).bk == 64
+    assert gemm_config(1568, 2048, 512, load_target("a100"), half=True).bk == 64
