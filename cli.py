@@ -92,18 +92,7 @@ def _add_compile(sub, common) -> None:
     c.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, e.g. input=1x3x224x224 (repeatable)")
     _dim_arg(c)
-    c.add_argument("--dtype", choices=["fp32", "fp16", "bf16", "fp8"], type=str.lower,
-                   help="compute dtype: fp16/bf16 store weights and activations in half precision "
-                        "(softmax, normalizations, sums, exp/log stay fp32; inputs and outputs "
-                        "keep the model's dtypes); fp8: fp16 with the GEMMs over constant "
-                        "weights in float8 e4m3 (h100; CPU targets emulate it); default: the "
-                        "model's own")
-    c.add_argument("--calibrate", metavar="INPUTS.npz",
-                   help="with --dtype fp8: the inputs (np.savez, one array per input name) the "
-                        "activations' fp8 ranges are measured on; default: seeded random inputs")
-    c.add_argument("--precision", choices=["fp32", "tf32"], type=str.lower, default=None,
-                   help="float32 GEMMs on GPU targets: fp32 (IEEE, default) or tf32 (TF32 "
-                        "tensor cores)")
+    _dtype_args(c)
     c.add_argument("--max-error", type=float, metavar="E",
                    help="with --dtype: keep float32 in as few leading layers as needed for the "
                         "outputs' relative L2 error vs the float32 model (random inputs, "
@@ -227,6 +216,15 @@ def _add_tune(sub, common) -> None:
                    help="bind an input's shape, as for compile")
     _dim_arg(t)
     t.add_argument("-o", "--output", help="also write the tuned artifact here")
+    _dtype_args(t)
+    t.add_argument("--in-graph", action="store_true",
+                   help="GPU: then choose each kernel's configuration among its default and "
+                        "its fastest alone by the time it adds inside the model's CUDA graph "
+                        "(builds and profiles the model --rounds + 1 times; fixed shapes; "
+                        "needs torch with CUDA)")
+    t.add_argument("--rounds", type=int, default=4,
+                   help="with --in-graph: configurations tried per kernel (default 4: the "
+                        "default and the three fastest alone)")
     _tuning_args(t, budget_default="10m")
     _ray_args(t)
     _progress_args(t)
@@ -268,6 +266,21 @@ def _progress_args(p) -> None:
 def _progress(args, tick: bool = True) -> Progress:
     """The reporter ``--quiet`` / ``--log-json`` and stderr ask for (deploy/progress.py)."""
     return for_command(quiet=args.quiet, log_json=args.log_json, tick=tick)
+
+
+def _dtype_args(p) -> None:
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16", "fp8"], type=str.lower,
+                   help="compute dtype: fp16/bf16 store weights and activations in half precision "
+                        "(softmax, normalizations, sums, exp/log stay fp32; inputs and outputs "
+                        "keep the model's dtypes); fp8: fp16 with the GEMMs over constant "
+                        "weights in float8 e4m3 (h100; CPU targets emulate it); default: the "
+                        "model's own")
+    p.add_argument("--calibrate", metavar="INPUTS.npz",
+                   help="with --dtype fp8: the inputs (np.savez, one array per input name) the "
+                        "activations' fp8 ranges are measured on; default: seeded random inputs")
+    p.add_argument("--precision", choices=["fp32", "tf32"], type=str.lower, default=None,
+                   help="float32 GEMMs on GPU targets: fp32 (IEEE, default) or tf32 (TF32 "
+                        "tensor cores)")
 
 
 def _target_arg(p) -> None:
@@ -341,33 +354,81 @@ def cmd_compile(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    _compile_and_report(args, args.level, Path(args.output) if args.output else None)
+    out = Path(args.output) if args.output else None
+    if not args.in_graph:
+        _compile_and_report(args, args.level, out)
+    else:
+        _tune_in_graph(args, out)
     print(f"  tuning records: {args.tuning_db or config.tuning_db_path()} (later compiles for "
           "targets with the same features use them)")
     return 0
 
 
-def _compile_and_report(args, tune: str, out: Path | None) -> None:
+def _tune_in_graph(args, out: Path | None) -> None:
+    """``deploy tune --in-graph``: the tuner's isolated times screen, the model's graph picks
+    (graph_tune.py)."""
+    import tempfile
+
+    from .backends.triton.tune import DeviceMeasurer, gpu_features
+    from .compiler import compile as deploy_compile
+    from .graph_tune import Ranking, measure_in_graph, refine
+    from .targets import load_target
+    from .tensor_ir.tuning_db import TuningDB
+    tgt = load_target(args.target)
+    if tgt.kind != "gpu" or tgt.vendor != "nvidia" or getattr(args, "ray", None) or \
+            getattr(args, "gpu_codegen", None) in ("cuda", "auto"):
+        raise UsageError("--in-graph measures inside a CUDA graph: NVIDIA GPU targets, Triton "
+                         f"kernels, tuned here (target {tgt.name!r})")
+    if args.rounds < 2:
+        raise UsageError(f"--rounds {args.rounds}: at least 2 (the default and one other)")
+    ranking = Ranking(DeviceMeasurer(tgt))
+    art = _compile_and_report(args, args.level, None, measure=ranking)
+    if art.manifest.get("symbols"):
+        raise UsageError("--in-graph profiles one build: bind every symbolic dim (--shape, or "
+                         "--dim NAME=N); the isolated records are saved")
+    db = TuningDB(args.tuning_db or config.tuning_db_path())
+    options = _compile_options(args)
+    with tempfile.TemporaryDirectory(prefix="deploy-tune-") as tmp, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="--dtype", category=RuntimeWarning)
+
+        def build(db_path: str) -> str:
+            a = deploy_compile(args.model, target=args.target, tuning_db=db_path, **options)
+            return str(a.save(Path(tmp) / "round.dpk"))
+        report = refine(db, gpu_features(tgt, options.get("precision") == "tf32"),
+                        ranking.choices(), build, measure_in_graph, args.rounds)
+    db.save()
+    print("\n".join(report.lines()))
+    if out:
+        a = deploy_compile(args.model, target=args.target, tuning_db=str(db.path), **options)
+        print(f"  tuned artifact: {a.save(out)}")
+
+
+def _compile_options(args) -> dict:
+    """``deploy.compile``'s options from a command's arguments (beyond model and target)."""
+    options = {k: v for k in ("dtype", "precision", "gpu_codegen", "max_memory", "ray",
+                              "tune_workers", "tune_cores", "tune_reference")
+               if (v := getattr(args, k, None))}
+    if getattr(args, "max_error", None) is not None:
+        options["max_error"] = args.max_error
+    if getattr(args, "calibrate", None):
+        options["calibrate"] = args.calibrate
+    if getattr(args, "check_precision", None) is not None:
+        options["check_precision"] = args.check_precision
+    options["shapes"] = parse_shapes(args.shape) or None
+    options["dims"] = parse_dims(args.dim) or None
+    return options
+
+
+def _compile_and_report(args, tune: str, out: Path | None, **extra):
     from .compiler import compile as deploy_compile
     t0 = time.perf_counter()
-    precision = {k: v for k in ("dtype", "precision", "gpu_codegen", "max_memory", "ray",
-                                "tune_workers", "tune_cores", "tune_reference")
-                 if (v := getattr(args, k, None))}
-    if getattr(args, "max_error", None) is not None:
-        precision["max_error"] = args.max_error
-    if getattr(args, "calibrate", None):
-        precision["calibrate"] = args.calibrate
-    if getattr(args, "check_precision", None) is not None:
-        precision["check_precision"] = args.check_precision
     with warnings.catch_warnings(), _progress(args) as progress:
         # the --dtype error check's warning is printed below
         warnings.filterwarnings("ignore", message="--dtype", category=RuntimeWarning)
         art = deploy_compile(args.model, target=args.target,
-                             shapes=parse_shapes(args.shape) or None,
                              dump_dir=getattr(args, "dump_dir", None), tune=tune,
-                             tuning_db=args.tuning_db, budget=args.budget,
-                             dims=parse_dims(args.dim) or None, progress=progress, log=print,
-                             **precision)
+                             tuning_db=args.tuning_db, budget=args.budget, progress=progress,
+                             log=print, **_compile_options(args), **extra)
         path = _save(art, out, progress) if out else None
     m = art.manifest
     secs = m.get("compile_seconds", {})
@@ -381,6 +442,7 @@ def _compile_and_report(args, tune: str, out: Path | None) -> None:
         print(f"  tuned kernels ({tune}): {secs['tune_gain']:.2f}x the default schedules' speed")
     if "precision" in m:
         print("  precision: " + _precision_str(m["precision"]))
+    return art
 
 
 def _save(art, out: Path, progress: Progress) -> Path:

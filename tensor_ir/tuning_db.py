@@ -56,6 +56,7 @@ class TuningDB:
         self.path = Path(path) if path else None
         self.records: dict[tuple[str, str], TuningRecord] = {}
         self.foreign: set[str] = set()  # lines of other format versions, written back as read
+        self.replaced: dict[tuple[str, str], TuningRecord] = {}  # kept over the file's on save
         if self.path:
             self._load(self.path)
 
@@ -85,6 +86,13 @@ class TuningDB:
         if old is None or rec.seconds < old.seconds:
             self.records[rec.key()] = rec
 
+    def replace(self, rec: TuningRecord) -> None:
+        """Put ``rec`` in place of its key's record whatever their times: a choice made by
+        another measure (inside the model's graph, ``graph_tune``), kept over the file's
+        records when saved."""
+        self.records[rec.key()] = rec
+        self.replaced[rec.key()] = rec
+
     def lookup(self, kernel_hash: str, features: dict) -> dict[int, dict] | None:
         rec = self.records.get((kernel_hash, feature_key(features)))
         return None if rec is None else {int(k): v for k, v in rec.params.items()}
@@ -95,6 +103,7 @@ class TuningDB:
         path = Path(path or self.path)
         with file_lock(path):
             self._load(path)
+            self.records.update(self.replaced)
             lines = sorted(json.dumps(asdict(r), sort_keys=True) for r in self.records.values())
             lines += sorted(self.foreign)
             atomic_write(path, "".join(line + "\n" for line in lines).encode())
