@@ -179,6 +179,19 @@ def test_tune_fills_the_database_that_compile_reads(compiled, tmp_path, capsys):
             assert (tile["mr"], tile["nr"]) == (params["mr"], params["nr"])
 
 
+def test_tune_takes_the_compile_dtype(compiled, tmp_path, capsys):
+    """``deploy tune --dtype`` tunes the kernels a ``compile --dtype`` builds (their hashes)."""
+    d, _ = compiled
+    db = tmp_path / "records.jsonl"
+    args = [str(d / "mlp.onnx"), "--shape", "x=32x12", "--tuning-db", str(db), "--dtype", "bf16"]
+    assert main(["tune", *args, "--level", "quick", "--budget", "30s", "-q"]) == 0
+    assert "precision: bf16" in capsys.readouterr().out
+    assert main(["compile", *args, "-o", str(tmp_path / "t.dpk"), "-q"]) == 0
+    kernels = json.loads(_inspect_json(tmp_path / "t.dpk"))["kernels"]
+    hashes = {json.loads(line)["kernel_hash"] for line in db.read_text().splitlines()}
+    assert hashes and hashes <= {k["hash"] for k in kernels}
+
+
 def _inspect_json(path) -> str:
     r = deploy_cli("inspect", path, "--json")
     assert r.returncode == 0, r.stderr
