@@ -10,7 +10,9 @@ L2 flushed (a 256 MB memset) before each. The best configuration per stage goes 
 portable tuning database (``tensor_ir/tuning_db.py``), keyed by the kernel's structural hash and
 the target's features plus the fp32 GEMM mode; later compiles anywhere (no GPU) read it.
 
-The measuring function is a parameter (``measure``): tests pass a fake one.
+The measuring function is a parameter (``measure``): tests pass a fake one, and
+``graph_tune.Ranking`` wraps this one to keep every candidate's time, from which ``deploy tune
+--in-graph`` chooses inside the model's CUDA graph.
 """
 from __future__ import annotations
 
