@@ -367,6 +367,7 @@ def cmd_tune(args) -> int:
 def _tune_in_graph(args, out: Path | None) -> None:
     """``deploy tune --in-graph``: the tuner's isolated times screen, the model's graph picks
     (graph_tune.py)."""
+    import importlib.util
     import tempfile
 
     from .backends.triton.tune import DeviceMeasurer, gpu_features
@@ -381,6 +382,9 @@ def _tune_in_graph(args, out: Path | None) -> None:
                          f"kernels, tuned here (target {tgt.name!r})")
     if args.rounds < 2:
         raise UsageError(f"--rounds {args.rounds}: at least 2 (the default and one other)")
+    if importlib.util.find_spec("torch") is None:  # before the tuning it would follow
+        raise UsageError("--in-graph reads each kernel's time in the graph through torch's "
+                         "profiler (CUPTI): install torch with CUDA")
     ranking = Ranking(DeviceMeasurer(tgt))
     art = _compile_and_report(args, args.level, None, measure=ranking)
     if art.manifest.get("symbols"):

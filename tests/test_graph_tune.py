@@ -118,6 +118,19 @@ def test_in_graph_tuning_refuses_cpu_targets_and_one_round(tmp_path, capsys):
     assert "--rounds 1" in capsys.readouterr().err
 
 
+def test_in_graph_tuning_without_torch_says_so_before_tuning(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else find(name, *a))
+    model = tmp_path / "m.onnx"
+    model.write_bytes(_model().SerializeToString())
+    assert main(["tune", str(model), "--target", "h100", "--in-graph",
+                 "--tuning-db", str(tmp_path / "db.jsonl")]) == 2
+    assert "install torch with CUDA" in capsys.readouterr().err
+    assert not (tmp_path / "db.jsonl").exists()  # nothing tuned
+
+
 @pytest.mark.gpu
 def test_in_graph_tuning_on_the_device(tmp_path, capsys):
     model, db, out = tmp_path / "m.onnx", tmp_path / "db.jsonl", tmp_path / "t.dpk"
