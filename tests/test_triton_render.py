@@ -261,6 +261,41 @@ def test_depthwise_7x7_and_pooling_take_the_window_template(tmp_path, batch):
     assert templates(m).count("window") == 3, templates(m)
 
 
+@pytest.mark.parametrize("width, k, stride, dtype, rows", [
+    (14, 7, 1, None, True),      # groups of 7 outputs of a row, a 7 x 7 window (ConvNeXt)
+    (12, 3, 1, "fp16", True),    # groups of 6, half precision
+    (11, 3, 1, None, False),     # a prime width: one output per lane
+    (12, 3, 2, None, False),     # stride 2: the window does not slide by one
+])
+def test_depthwise_windows_on_rows_of_outputs(tmp_path, width, k, stride, dtype, rows):
+    """Depthwise convolutions whose window slides along the output rows (stride 1) run on
+    groups of neighbouring outputs, each input column loaded once per window row; the rest
+    keep one output per lane. Both against ONNX Runtime (interpreted)."""
+    pad = k // 2
+    out_w = (width + 2 * pad - k) // stride + 1
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[pad] * 4, group=16,
+                              strides=[stride, stride]),
+             helper.make_node("Add", ["c", "x2"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [2, 16, width, width]),
+                               ("x2", np.float32, [2, 16, out_w, out_w])],
+                       [("y", np.float32, [2, 16, out_w, out_w])],
+                       initializers={"w": rand(16, 1, k, k) / k, "b": rand(16)})
+    inputs = {"x": rand(2, 16, width, width), "x2": rand(2, 16, out_w, out_w)}
+    if dtype is None:
+        m = interpreted(model, inputs, tmp_path, rtol=1e-4, atol=1e-4)
+        source = deploy.compile(model, target="h100", aot=False).members["gpu/kernels.py"]
+    else:
+        art = deploy.compile(model, target="h100", aot=False, dtype=dtype)
+        ours = deploy.load(art.save(tmp_path / "m.dpk"), device=InterpretDevice()).run(inputs)[0]
+        ref = run_ort(model, inputs)[0]
+        assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 2e-3  # fp16 operands
+        m, source = art.manifest, art.members["gpu/kernels.py"]
+    assert "window" in templates(m), templates(m)
+    group = max(r for r in range(1, 9) if out_w % r == 0)
+    loads = len(re.findall(r"wd\d+ = ", source.decode() if isinstance(source, bytes) else source))
+    assert loads == (group + k - 1 if rows else 0), loads
+
+
 def test_scatter_stage_runs_serially(tmp_path):
     model = make_model([helper.make_node("CumSum", ["x", "ax"], ["y"])],
                        [("x", np.float32, [3, 9])], [("y", np.float32, [3, 9])],

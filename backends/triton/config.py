@@ -635,6 +635,24 @@ def window_config(rows: int, cols: int, target=None, tuned: dict | None = None) 
                         cblock=cblock)
 
 
+SLIDE_TILE = 512  # window rows template: output groups x channels per program (4 per lane)
+
+
+def window_rows_config(groups: int, cols: int, target=None) -> WindowConfig:
+    """The window template on rows of outputs (``window.py``): ``CBLOCK`` as ``window_config``
+    takes it, ``XBLOCK`` groups of outputs so a program holds ``SLIDE_TILE`` (each group is
+    several outputs of a row, each in its own accumulator), halved while the programs number
+    fewer than two per multiprocessor."""
+    cblock = min(64, cols & -cols)
+    if cblock < 8:
+        cblock = min(64, pow2(cols))
+    xblock = max(1, SLIDE_TILE // cblock)
+    while xblock > 1 and -(-groups // xblock) * -(-cols // cblock) < 2 * _sms(target):
+        xblock //= 2
+    return WindowConfig(num_warps=_warps(xblock * cblock), num_stages=1, xblock=xblock,
+                        cblock=cblock)
+
+
 def window_space(rows: int, cols: int, target=None, limit: int = 8) -> list[WindowConfig]:
     """The default first, then tiles of other shapes and warp counts: at most ``limit``."""
     base = window_config(rows, cols, target)
