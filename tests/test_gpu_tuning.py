@@ -18,6 +18,8 @@ from deploy.backends.triton.config import (
     gemm_space,
     reduction_config,
     reduction_space,
+    window_config,
+    window_space,
 )
 from deploy.errors import DeployError
 from deploy.targets import load_target
@@ -220,6 +222,40 @@ def test_tuning_on_the_device_then_compiling_with_the_records(tmp_path):
     x = {"x": RNG.standard_normal((256, 256)).astype(np.float32)}
     ours = load(art.save(tmp_path / "m.dpk")).run(x)[0]
     np.testing.assert_allclose(ours, run_ort(model, x)[0], rtol=1e-4, atol=1e-6)
+
+
+def _depthwise(width=28):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[3, 3, 3, 3], group=32)]
+    return make_model(nodes, [("x", np.float32, [2, 32, width, width])],
+                      [("y", np.float32, [2, 32, width, width])],
+                      initializers={"w": RNG.standard_normal((32, 1, 7, 7)).astype(np.float32)})
+
+
+def test_window_space_offers_rows_of_outputs_and_one_output_per_lane(tmp_path):
+    """A depthwise window that slides along its rows is tuned over the rows template's tiles,
+    with the one-output template's default as the last candidate; a record says which it
+    chose (records without the key, written before the rows template, keep one output)."""
+    from deploy.backends.triton.interpret import InterpretDevice
+    from deploy.runtime.gpu import GpuModule
+    space = window_space(2 * 28 * 28, 32, H100, 6, 2 * 28 * 4)
+    assert space[0].rows and not space[-1].rows and len(set(space)) == len(space) <= 6
+    assert space[-1] == window_config(2 * 28 * 28, 32, H100)
+    old = {"template": "window", "xblock": 32, "cblock": 32, "num_warps": 4}
+    assert not window_config(1, 1, H100, old).rows
+    assert window_config(1, 1, H100, dict(old, rows=True)).rows
+    model, path = _depthwise(), tmp_path / "db.jsonl"
+    assert "gidx" in deploy.compile(model, target="h100", aot=False).members[
+        "gpu/kernels.py"].decode()  # untuned: rows of outputs
+    deploy.compile(model, target="h100", aot=False, tune="quick", tuning_db=str(path),
+                   measure=FakeMeasure(), log=lambda _: None)  # the last candidate wins
+    params = [p for line in path.read_text().splitlines()
+              for p in json.loads(line)["params"].values()]
+    assert [p["rows"] for p in params if p["template"] == "window"] == [False]
+    art = deploy.compile(model, target="h100", aot=False, tuning_db=str(path))
+    assert "gidx" not in art.members["gpu/kernels.py"].decode()  # as the record says
+    x = {"x": RNG.standard_normal((2, 32, 28, 28)).astype(np.float32)}
+    ours = GpuModule(art.save(tmp_path / "m.dpk"), device=InterpretDevice()).run(x)[0]
+    np.testing.assert_allclose(ours, run_ort(model, x)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_short_window_pools_loop_lane_by_lane_and_stay_correct(tmp_path):

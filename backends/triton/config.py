@@ -50,12 +50,13 @@ class ReductionConfig(LaunchConfig):
 
 @dataclass(frozen=True)
 class WindowConfig(LaunchConfig):
-    xblock: int = 1  # output rows (every variable but the last) per program
+    xblock: int = 1  # output rows (every variable but the last) per program; rows: groups
     cblock: int = 1  # output columns (the last variable) per program
+    rows: bool = False  # groups of outputs of a row, the window sliding along them (window.py)
 
     def params(self) -> dict:
         return {"template": "window", "xblock": self.xblock, "cblock": self.cblock,
-                "num_warps": self.num_warps}
+                "num_warps": self.num_warps, "rows": self.rows}
 
 
 @dataclass(frozen=True)
@@ -619,20 +620,25 @@ def _crossed(bm: int, bn: int, k: int, target, half: bool, tc: bool) -> list[Gem
 def window_config(rows: int, cols: int, target=None, tuned: dict | None = None) -> WindowConfig:
     """``CBLOCK``: the largest power of two up to 64 that divides the columns (96 channels: 32,
     no idle lanes), ``XBLOCK`` fills ``WINDOW_TILE`` outputs while every multiprocessor keeps two
-    programs."""
+    programs. A tuned record (``rows`` as it says: records made before the rows template have
+    none, and keep one output per lane) is taken as it is."""
     if tuned and tuned.get("template") == "window":
         x, c, w = tuned.get("xblock"), tuned.get("cblock"), tuned.get("num_warps")
         if all(isinstance(v, int) and v > 0 and v & (v - 1) == 0 for v in (x, c, w)) \
                 and x * c <= 8192 and w <= 32:
-            return WindowConfig(num_warps=w, xblock=x, cblock=c)
+            return WindowConfig(num_warps=w, xblock=x, cblock=c, rows=bool(tuned.get("rows")))
+    return _window_tiles(rows, cols, target, WINDOW_TILE, False)
+
+
+def _window_tiles(rows: int, cols: int, target, tile: int, by_rows: bool) -> WindowConfig:
     cblock = min(64, cols & -cols)
     if cblock < 8:
         cblock = min(64, pow2(cols))
-    xblock = max(1, WINDOW_TILE // cblock)
+    xblock = max(1, tile // cblock)
     while xblock > 1 and -(-rows // xblock) * -(-cols // cblock) < 2 * _sms(target):
         xblock //= 2
     return WindowConfig(num_warps=_warps(xblock * cblock), num_stages=1, xblock=xblock,
-                        cblock=cblock)
+                        cblock=cblock, rows=by_rows)
 
 
 SLIDE_TILE = 512  # window rows template: output groups x channels per program (4 per lane)
@@ -643,30 +649,33 @@ def window_rows_config(groups: int, cols: int, target=None) -> WindowConfig:
     takes it, ``XBLOCK`` groups of outputs so a program holds ``SLIDE_TILE`` (each group is
     several outputs of a row, each in its own accumulator), halved while the programs number
     fewer than two per multiprocessor."""
-    cblock = min(64, cols & -cols)
-    if cblock < 8:
-        cblock = min(64, pow2(cols))
-    xblock = max(1, SLIDE_TILE // cblock)
-    while xblock > 1 and -(-groups // xblock) * -(-cols // cblock) < 2 * _sms(target):
-        xblock //= 2
-    return WindowConfig(num_warps=_warps(xblock * cblock), num_stages=1, xblock=xblock,
-                        cblock=cblock)
+    return _window_tiles(groups, cols, target, SLIDE_TILE, True)
 
 
-def window_space(rows: int, cols: int, target=None, limit: int = 8) -> list[WindowConfig]:
-    """The default first, then tiles of other shapes and warp counts: at most ``limit``."""
-    base = window_config(rows, cols, target)
+def window_space(rows: int, cols: int, target=None, limit: int = 8, groups: int = 0
+                 ) -> list[WindowConfig]:
+    """The default first, then tiles of other shapes and warp counts: at most ``limit``. Where
+    the window slides along rows of ``groups`` groups, the rows template's default leads and its
+    variants come first."""
+    one = _window_variants(window_config(rows, cols, target), WINDOW_TILE)
+    if not groups:
+        return one[:limit]
+    slide = _window_variants(window_rows_config(groups, cols, target), SLIDE_TILE)
+    return slide[:max(1, limit - 1)] + one[:1]  # (and one output per lane, as it was)
+
+
+def _window_variants(base: WindowConfig, tile: int) -> list[WindowConfig]:
     out = [base]
     for c in (base.cblock, base.cblock // 2, base.cblock * 2):
-        for elements in (WINDOW_TILE, WINDOW_TILE // 2, WINDOW_TILE * 2):
+        for elements in (tile, tile // 2, tile * 2):
             if not 1 <= c <= 128:
                 continue
             x = max(1, elements // c)
             for w in (_warps(x * c), max(1, _warps(x * c) // 2)):
-                cfg = WindowConfig(num_warps=w, num_stages=1, xblock=x, cblock=c)
+                cfg = WindowConfig(num_warps=w, num_stages=1, xblock=x, cblock=c, rows=base.rows)
                 if cfg not in out:
                     out.append(cfg)
-    return out[:limit]
+    return out
 
 
 def describe(cfg: LaunchConfig) -> str:

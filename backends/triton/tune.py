@@ -45,6 +45,7 @@ from .config import (
 )
 from .fuse import fuse_stages
 from .render import TritonFunction, TritonRenderer, _numel, _reduce_extent
+from .window import row_groups
 
 LEVEL_LIMITS = {"quick": 6, "full": 32}  # candidates per stage, default included
 FLUSH_BYTES = 256 << 20
@@ -119,7 +120,8 @@ def stage_spaces(fused: Kernel, renderer: TritonRenderer, level: str) -> dict[in
             space = attention_space(f.meta["sq"], f.meta["sk"], f.meta["d"], f.meta["dv"],
                                     f.meta["half"], tgt, f.meta["rows"], limit)
         elif f.template == "window":
-            space = window_space(_numel(st.extents[:-1]), st.extents[-1], tgt, limit)
+            space = window_space(_numel(st.extents[:-1]), st.extents[-1], tgt, limit,
+                                 row_groups(st))
         else:
             continue
         if len(space) > 1:

@@ -29,8 +29,22 @@ from __future__ import annotations
 
 from ...graph_ir.sym import Sym, hint
 from ...tensor_ir.attention import AttentionStage
-from ...tensor_ir.expr import INDEX, B, R, Binary, Cast, Const, Load, Reduce, Select, Unary, Var, \
-    affine_coeff, substitute, walk
+from ...tensor_ir.expr import (
+    INDEX,
+    B,
+    Binary,
+    Cast,
+    Const,
+    Load,
+    R,
+    Reduce,
+    Select,
+    Unary,
+    Var,
+    affine_coeff,
+    substitute,
+    walk,
+)
 from ...tensor_ir.kernel import Stage
 from .config import window_config, window_rows_config
 from .exprs import S, tl_type
@@ -72,9 +86,10 @@ def window_reduce(st: Stage) -> Reduce | None:
 def render_window(sr, st: Stage, red: Reduce):
     """One function for the stage (``sr``: a render.StageRenderer): on rows of outputs where
     the window slides along them (and no tuned record asks for the one-output tiles)."""
-    rows = None if sr.tuned else row_group(st, red)
-    if rows is not None:
-        return render_window_rows(sr, st, red, *rows)
+    tuned = window_config(1, 1, None, sr.tuned) if sr.tuned else None
+    sliding = row_group(st, red) if tuned is None or tuned.rows else None
+    if sliding is not None:
+        return render_window_rows(sr, st, red, *sliding, tuned)
     rows = 1
     for e in st.extents[:-1]:
         rows = rows * e
@@ -127,6 +142,19 @@ def _unrolled(sr, red: Reduce, guard: str | None) -> str:
 
 class _NoSlide(Exception):
     """The window does not slide along the output rows (``row_group``)."""
+
+
+def row_groups(st: Stage) -> int:
+    """How many groups of outputs the rows template would run for ``st`` (0: it does not
+    apply); the tuner's window space asks."""
+    red = window_reduce(st)
+    sliding = None if red is None else row_group(st, red)
+    if sliding is None:
+        return 0
+    n = st.extents[-2] // sliding[0]
+    for e in st.extents[:-2]:
+        n *= hint(e)
+    return n
 
 
 def row_group(st: Stage, red: Reduce) -> tuple[int, int] | None:
@@ -184,7 +212,7 @@ def _slid(e, w: Var, kw: Var, wd: Var, others: dict, k: int):
     return go(e)
 
 
-def render_window_rows(sr, st: Stage, red: Reduce, group: int, slide: int):
+def render_window_rows(sr, st: Stage, red: Reduce, group: int, slide: int, tuned=None):
     """The window template on groups of ``group`` neighbouring outputs of a row (see the module
     docstring): one accumulator per output of the group, each input column loaded once per
     window row, then the epilogue and store per output."""
@@ -195,7 +223,7 @@ def render_window_rows(sr, st: Stage, red: Reduce, group: int, slide: int):
     for e in outer_ext:
         groups = groups * e
     cols = st.extents[-1]
-    cfg = window_rows_config(hint(groups), cols, sr.parent.target)
+    cfg = tuned or window_rows_config(hint(groups), cols, sr.parent.target)
     cblocks = cdiv(cols, cfg.cblock)
     em = sr.em
     em.param(st.out)
@@ -208,6 +236,8 @@ def render_window_rows(sr, st: Stage, red: Reduce, group: int, slide: int):
     em.emit(f"xmask = gidx < {S(groups)}" if whole else
             f"xmask = (gidx < {S(groups)}) & (cidx < {cols})")
     em.decompose("gin", [*outer, wg], [*outer_ext, width // group])
+    if width == group:  # (one group per row: a block of zeros, not the literal 0, so that
+        em.env[wg] = em.let("gin * 0", "i")  # the columns and their tests stay blocks)
     em.env[st.vars[-1]] = "cidx"
     em.block_vars.add(st.vars[-1])
     guard = None if whole else f"(cidx < {cols})"
