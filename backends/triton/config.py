@@ -641,7 +641,8 @@ def _window_tiles(rows: int, cols: int, target, tile: int, by_rows: bool) -> Win
                         cblock=cblock, rows=by_rows)
 
 
-SLIDE_TILE = 512  # window rows template: output groups x channels per program (4 per lane)
+SLIDE_TILE = 512  # window rows template: output groups x channels per program (4 per lane;
+# ConvNeXt-style b32 on an H200: 256 -> 2.08 ms, 512 -> 1.59 ms, 1024 -> 1.67 ms)
 
 
 def window_rows_config(groups: int, cols: int, target=None) -> WindowConfig:
