@@ -294,6 +294,8 @@ def test_depthwise_windows_on_rows_of_outputs(tmp_path, width, k, stride, dtype,
     group = max(r for r in range(1, 9) if out_w % r == 0)
     loads = len(re.findall(r"wd\d+ = ", source.decode() if isinstance(source, bytes) else source))
     assert loads == (group + k - 1 if rows else 0), loads
+    windows = [s for k_ in m["kernels"] for s in k_["schedule"] if s["template"] == "window"]
+    assert [s.get("rows") for s in windows] == [group if rows else None], windows
 
 
 def test_scatter_stage_runs_serially(tmp_path):

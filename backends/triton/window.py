@@ -251,7 +251,8 @@ def render_window_rows(sr, st: Stage, red: Reduce, group: int, slide: int, tuned
         sr._store(st, value, "xmask", None)
         em.pop()
     grid = (cdiv(groups, cfg.xblock) * cblocks,)
-    return sr._function("window", {"XBLOCK": cfg.xblock, "CBLOCK": cfg.cblock}, grid, cfg)
+    return sr._function("window", {"XBLOCK": cfg.xblock, "CBLOCK": cfg.cblock}, grid, cfg,
+                        {"rows": group})  # (the manifest's schedule: outputs per group)
 
 
 def _row_accumulators(sr, red: Reduce, slide: int, w: Var, wg: Var, group: int,
