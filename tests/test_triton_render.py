@@ -298,6 +298,21 @@ def test_depthwise_windows_on_rows_of_outputs(tmp_path, width, k, stride, dtype,
     assert [s.get("rows") for s in windows] == [group if rows else None], windows
 
 
+def test_stride_one_pools_on_rows_of_outputs(tmp_path):
+    """A max pool at stride 1 (its padding the lowest value, the inputs all negative so that
+    it matters) and average pools take the rows template or their own, all against ONNX
+    Runtime."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[1, 1],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", ["x"], ["z"], kernel_shape=[5, 5], strides=[1, 1],
+                              pads=[2, 2, 2, 2], count_include_pad=1)]
+    model = make_model(nodes, [("x", np.float32, [2, 16, 12, 12])],
+                       [("y", np.float32, [2, 16, 12, 12]), ("z", np.float32, [2, 16, 12, 12])])
+    m = interpreted(model, {"x": rand(2, 16, 12, 12) - 5}, tmp_path, rtol=1e-5, atol=1e-5)
+    rows = [s.get("rows") for k in m["kernels"] for s in k["schedule"] if s["template"] == "window"]
+    assert 6 in rows, rows  # the max pool at least: groups of 6 outputs of a 12-wide row
+
+
 def test_scatter_stage_runs_serially(tmp_path):
     model = make_model([helper.make_node("CumSum", ["x", "ax"], ["y"])],
                        [("x", np.float32, [3, 9])], [("y", np.float32, [3, 9])],
