@@ -67,11 +67,12 @@ class GemmConfig(LaunchConfig):
     group_m: int = 8  # row tiles that share a column tile (L2 reuse)
     split_k: int = 1  # programs per output tile, each over a slice of K (partials summed after)
     tma: bool = False  # persistent programs loading through TMA descriptors (Hopper, tma_ok)
+    tail: int = 1  # K slices of the row tiles past the last whole wave (1: none; tail_rows)
 
     def params(self) -> dict:
         return {"template": "gemm", "bm": self.bm, "bn": self.bn, "bk": self.bk,
                 "num_warps": self.num_warps, "num_stages": self.num_stages,
-                "split_k": self.split_k, "tma": self.tma}
+                "split_k": self.split_k, "tma": self.tma, "tail": self.tail}
 
 
 def pow2(n: int) -> int:
@@ -252,8 +253,9 @@ def gemm_config(m: int, n: int, k: int, target=None, half: bool = False, tf32: b
     cfg = dataclasses.replace(cfg, split_k=choose_split_k(m, n, k, batch, cfg, target, half, tc))
     cfg = _nearly_one_wave(cfg, m, n, k, batch, target, half)
     cfg = _gathered(cfg, m, n, batch, target, half, plain)
+    cfg = _split_tail(cfg, m, n, k, batch, target, half)
     tiles = -(-m // bm) * -(-n // bn)
-    if cfg.split_k == 1 and bm >= 128 and tma_ok(target, half, batch, plain) and (
+    if cfg.split_k == 1 and cfg.tail == 1 and bm >= 128 and tma_ok(target, half, batch, plain) and (
             not heavy_epilogue and tiles >= TMA_MIN_WAVES * _sms(target)
             or bn >= 256 and tiles >= TMA_WIDE_WAVES * _sms(target)):
         cfg = dataclasses.replace(cfg, tma=True)
@@ -377,6 +379,51 @@ def _paired(bm: int, bn: int, m: int, n: int, k: int, batch: int, target,
 
 
 PAIR_RESERVE = 8 * 1024  # shared memory a program keeps beside its pipeline (epilogue layout)
+
+
+def resident(cfg: GemmConfig, target, elt: int = 2) -> int:
+    """Programs of ``cfg`` one multiprocessor holds at once by its pipeline's shared memory
+    (``PAIR_RESERVE`` beside each) and warps: at most two, the pairs measured."""
+    per_sm = int(getattr(target, "shared_mem_per_sm", 0) or _shared(target))
+    need = (cfg.bm + cfg.bn) * cfg.bk * elt * cfg.num_stages + PAIR_RESERVE
+    return max(1, min(2, per_sm // need, RESIDENT_WARPS // cfg.num_warps))
+
+
+def tail_rows(cfg: GemmConfig, m: int, n: int, target, elt: int = 2) -> int:
+    """Row tiles whose tiles run whole: as many as the whole waves of resident programs hold
+    (the rows past them are the tail, each of its tiles split ``cfg.tail`` ways over K)."""
+    slots = _sms(target) * resident(cfg, target, elt)
+    pn = -(-n // cfg.bn)
+    return -(-m // cfg.bm) * pn // slots * slots // pn
+
+
+def _split_tail(cfg: GemmConfig, m: int, n: int, k: int, batch: int, target,
+                half: bool) -> GemmConfig:
+    """Split the last, partly filled wave over K (Hopper, 2-byte operands, one GEMM per
+    launch): where whole waves leave fewer tiles than half the resident programs, the row
+    tiles past them each run as ``tail`` programs over slices of K (fp32 partials, summed with
+    the epilogue by a second launch), so that the last wave fills the machine. ViT-base's
+    6304 x 768 x 3072 GEMM + residual at batch 32 (197 tokens: 594 tiles of 64 x 128 for 264
+    resident programs, three waves of which the last holds 66 tiles) is the case it is for."""
+    if not half or _sm(target) < 90 or batch != 1 or cfg.split_k != 1 or cfg.tma or \
+            k % cfg.bk or k // cfg.bk < TAIL_MIN_STEPS:
+        return cfg
+    pm, pn = -(-m // cfg.bm), -(-n // cfg.bn)
+    rows = tail_rows(cfg, m, n, target)
+    if rows == 0 or rows >= pm:
+        return cfg
+    slots = _sms(target) * resident(cfg, target)
+    split = min(TAIL_MAX, slots // ((pm - rows) * pn), k // cfg.bk // TAIL_MIN_SLICE)
+    return dataclasses.replace(cfg, tail=split) if split >= 2 else cfg
+
+
+# K steps (of BK) a GEMM needs before its last wave is split: a shorter wave saves less than the
+# summing launch costs (H200, batch 32, inside the graph: ResNet-50's 25088 x 128 x 1152 3 x 3
+# convolutions, tails of 2, 17 -> 20 us; ViT-base's 6272 x 768 x 1024 patch convolution, a tail
+# of 4, 27 -> 30 us; its 6304 x 768 x 3072 GEMMs + residual 79 -> 60 us)
+TAIL_MIN_STEPS = 32
+TAIL_MIN_SLICE = 4  # K steps each slice of a tail tile keeps at least
+TAIL_MAX = 8
 
 
 # Persistent TMA GEMMs by default for tiles of 128 rows that fill this many waves (H100, fp16, one
@@ -531,10 +578,12 @@ def _tuned_gemm(tuned: dict | None, target, half: bool) -> GemmConfig | None:
     split = tuned.get("split_k", 1)
     if not isinstance(split, int) or not 1 <= split <= SPLIT_MAX:
         return None
-    tma = tuned.get("tma", False)
-    if not isinstance(tma, bool) or tma and split != 1:
+    tma, tail = tuned.get("tma", False), tuned.get("tail", 1)  # (older records: no tail)
+    if not isinstance(tma, bool) or tma and split != 1 or not isinstance(tail, int) or \
+            not 1 <= tail <= TAIL_MAX or tail > 1 and (tma or split != 1):
         return None
-    return GemmConfig(num_warps=w, num_stages=s, bm=bm, bn=bn, bk=bk, split_k=split, tma=tma)
+    return GemmConfig(num_warps=w, num_stages=s, bm=bm, bn=bn, bk=bk, split_k=split, tma=tma,
+                      tail=tail)
 
 
 def gemm_space(m: int, n: int, k: int, target=None, half: bool = False, tf32: bool = False,
@@ -553,7 +602,7 @@ def gemm_space(m: int, n: int, k: int, target=None, half: bool = False, tf32: bo
         return space
     space = [dataclasses.replace(c, tma=False) if c.split_k > 1 else c for c in space]
     head = space[:max(1, limit // 2)]
-    flipped = [dataclasses.replace(c, tma=not c.tma, split_k=1) for c in head]
+    flipped = [dataclasses.replace(c, tma=not c.tma, split_k=1, tail=1) for c in head]
     return list(dict.fromkeys(head + flipped))[:limit]
 
 
@@ -568,6 +617,8 @@ def _space(base: GemmConfig, m: int, n: int, k: int, target, half: bool, tf32: b
         if fits and c not in out:
             out.append(c)
 
+    if base.tail > 1:  # the last wave whole beside it split
+        add(dataclasses.replace(base, tail=1))
     if not _amd(target):
         for s in (base.num_stages - 1, base.num_stages + 1):
             if 2 <= s <= 5:

@@ -62,6 +62,7 @@ from .qgemm import qgemm_epilogue, render_qgemm
 from .reduce_ops import _acc_dtype, _as_acc, _combine, _final, _init, _typed
 from .rows import render_rows, rows_plan
 from .sizes import SizeParams, cdiv, used_params
+from .tail import GemmTail
 from .window import render_window, window_reduce
 
 BIG = 2 ** 31
@@ -384,18 +385,24 @@ class StageRenderer:
         outer = _numel([st.extents[k] for k in c.outer])
         split = self._split(st, c, cfg)
         chunk = split_chunk(c.k, split, cfg.bk)  # K per program, a multiple of BK
+        tail = None if split > 1 else self._tail(st, c, cfg)
         em.emit("pid = tl.program_id(0)" + (".to(tl.int64)" if self.wide else ""))
         if split > 1:  # the K slice is the slowest index: a wave holds whole slices
             em.emit(f"ks = pid // {S(tiles * outer)}")
             em.emit(f"pid = pid % {S(tiles * outer)}")
+        if tail is not None:  # the programs past the whole tiles: the tail's K slices
+            tail.head(em)
         em.emit(f"po = pid // {S(tiles)}")
         em.emit(f"t = pid % {S(tiles)}")
         # grouped order: GROUP_M row tiles share each column tile while it is in L2
         width = cfg.group_m * pn
         em.emit(f"first_m = (t // {S(width)}) * {cfg.group_m}")
-        em.emit(f"gsize = tl.minimum({S(pm)} - first_m, {cfg.group_m})")
+        em.emit(f"gsize = tl.minimum({S(pm if tail is None else tail.rows)} - first_m, "
+                f"{cfg.group_m})")
         em.emit(f"pm = first_m + (t % {S(width)}) % gsize")
         em.emit(f"pn = (t % {S(width)}) // gsize")
+        if tail is not None:
+            tail.assign(em)
         em.decompose("po", [st.vars[k] for k in c.outer], [st.extents[k] for k in c.outer],
                      block=False)
         em.emit("mi = pm * BM + tl.arange(0, BM)[:, None]")
@@ -406,6 +413,8 @@ class StageRenderer:
         rvars, rext = [v for v, _ in c.red.vars], [e for _, e in c.red.vars]
         if split > 1:
             em.open(f"for k0 in range(ks * {chunk}, ks * {chunk} + {chunk}, BK):")
+        elif tail is not None:
+            em.open(f"for k0 in range({tail.k_lo}, {tail.k_hi}, BK):")
         else:
             em.open(f"for k0 in range(0, {S(c.k)}, BK):")
         cast = ".to(tl.int64)" if self.wide else ""
@@ -428,12 +437,20 @@ class StageRenderer:
                 "heavy": heavy_epilogue(st), "plain": matrices is not None}
         if split > 1:
             return self._split_partial(st, epi, split, tiles * outer * split, cfg, consts, meta)
+        if tail is not None:  # the tail's partials, or the whole tile's epilogue
+            em.open("if tail:")
+            tail.store_partial(self, st, WS_PARAM)
+            em.close()
+            em.open("else:")
         em.env[Var("acc", c.red.dtype)] = "acc"
         whole = isinstance(c.m, int) and isinstance(c.n, int) and \
             c.m % cfg.bm == 0 and c.n % cfg.bn == 0  # every tile inside: no epilogue masks
         guard = None if whole else "omask"
         value = em.stored(epi, guard, self.refs[st.out].dtype)
         self._store(st, value, guard, None)
+        if tail is not None:
+            em.close()
+            return tail.functions(self, st, c, epi, cfg, consts, meta, StageRenderer)
         return self._function("gemm", consts, (tiles * outer,), cfg, meta)
 
     def _matrices(self, st: Stage, c: Contraction) -> tuple[Direct, Direct] | None:
@@ -498,6 +515,15 @@ class StageRenderer:
         self.em.emit(f"{name} = tl.make_tensor_descriptor({base}, shape={shape}, "
                      f"strides={strides}, block_shape=[{blocks[0]}, {blocks[1]}])")
         return name
+
+    def _tail(self, st: Stage, c: Contraction, cfg: GemmConfig) -> GemmTail | None:
+        """The configuration's split of the last wave's row tiles (``GemmTail``), None where
+        it cannot apply (sizes known only at run time, batched GEMMs, a K steps don't
+        divide, no tiles past the whole waves)."""
+        if cfg.tail <= 1 or self.wide or c.outer or \
+                not all(isinstance(x, int) for x in (c.m, c.n, c.k)) or c.k % cfg.bk:
+            return None
+        return GemmTail.plan(cfg, c.m, c.n, c.k, self.parent.target, 1 if c.fp8 else 2)
 
     def _split(self, st: Stage, c: Contraction, cfg: GemmConfig) -> int:
         """The configuration's split of K, 1 when it cannot apply (K shorter than two slices,
