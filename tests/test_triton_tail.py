@@ -78,6 +78,11 @@ def test_heuristic_splits_a_thin_last_wave_of_long_gemms():
         slots = target.sm_count * config_mod.resident(cfg, target)
         assert rows * pn <= pm * pn // slots * slots and 0 < rows < pm
         assert (pm - rows) * pn * cfg.tail <= slots  # the tail fills the last wave, no more
+        # over plain matrices the paired 128-row tile with its tail (measured fastest); a
+        # gathering operand keeps 64 rows (gathers ran slower paired)
+        assert (cfg.bm, cfg.bn, cfg.tail) == (128, 128, 7)
+        gathered = gemm_config(6304, 768, 3072, target, half=True)
+        assert (gathered.bm, gathered.tail) == (64, 4)
     assert gemm_config(6304, 768, 3072, H100, plain=True).tail == 1  # fp32: not measured
     assert gemm_config(6304, 768, 768, H100, half=True, plain=True).tail == 1  # K too short
     assert gemm_config(25088, 128, 1152, H200, half=True).tail == 1  # (ResNet-50: slower)

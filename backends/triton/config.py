@@ -253,7 +253,7 @@ def gemm_config(m: int, n: int, k: int, target=None, half: bool = False, tf32: b
     cfg = dataclasses.replace(cfg, split_k=choose_split_k(m, n, k, batch, cfg, target, half, tc))
     cfg = _nearly_one_wave(cfg, m, n, k, batch, target, half)
     cfg = _gathered(cfg, m, n, batch, target, half, plain)
-    cfg = _split_tail(cfg, m, n, k, batch, target, half)
+    cfg = _split_tail(cfg, m, n, k, batch, target, half, plain)
     tiles = -(-m // bm) * -(-n // bn)
     if cfg.split_k == 1 and cfg.tail == 1 and bm >= 128 and tma_ok(target, half, batch, plain) and (
             not heavy_epilogue and tiles >= TMA_MIN_WAVES * _sms(target)
@@ -371,6 +371,11 @@ def _paired(bm: int, bn: int, m: int, n: int, k: int, batch: int, target,
     tiles = -(-m // 128) * -(-n // bn) * batch
     if not _sms(target) <= tiles <= 2 * _sms(target):
         return None
+    return _pair(bn, k, target, half)
+
+
+def _pair(bn: int, k: int, target, half: bool) -> GemmConfig | None:
+    """A 128-row tile whose pipeline two programs per multiprocessor have room for."""
     cfg = _complete(128, bn, k, target, half, True)
     per_stage = (cfg.bm + cfg.bn) * cfg.bk * 2
     per_sm = int(getattr(target, "shared_mem_per_sm", 0) or _shared(target))
@@ -398,23 +403,50 @@ def tail_rows(cfg: GemmConfig, m: int, n: int, target, elt: int = 2) -> int:
 
 
 def _split_tail(cfg: GemmConfig, m: int, n: int, k: int, batch: int, target,
-                half: bool) -> GemmConfig:
+                half: bool, plain: bool) -> GemmConfig:
     """Split the last, partly filled wave over K (Hopper, 2-byte operands, one GEMM per
-    launch): where whole waves leave fewer tiles than half the resident programs, the row
-    tiles past them each run as ``tail`` programs over slices of K (fp32 partials, summed with
-    the epilogue by a second launch), so that the last wave fills the machine. ViT-base's
-    6304 x 768 x 3072 GEMM + residual at batch 32 (197 tokens: 594 tiles of 64 x 128 for 264
-    resident programs, three waves of which the last holds 66 tiles) is the case it is for."""
+    launch, K of ``TAIL_MIN_STEPS`` steps or more): where whole waves leave fewer tiles than
+    half the resident programs, the row tiles past them each run as ``tail`` programs over
+    slices of K (fp32 partials, summed with the epilogue by a second launch), so that the last
+    wave fills the machine. Where the tile has 64 rows over plain matrices, the paired 128-row tile with its own
+    tail is the other choice; ``_wave_cost`` picks. ViT-base's 6304 x 768 x 3072 GEMM + residual
+    at batch 32 (197 tokens) on an H200, inside the graph: 594 tiles of 64 x 128 for 264
+    resident programs, 79 us; those tiles with a tail of 4 (66 tiles past two whole waves), 60
+    us; 300 paired tiles of 128 x 128 with a tail of 7, 54 us."""
     if not half or _sm(target) < 90 or batch != 1 or cfg.split_k != 1 or cfg.tma or \
             k % cfg.bk or k // cfg.bk < TAIL_MIN_STEPS:
         return cfg
+    options = [cfg, _with_tail(cfg, m, n, k, target)]
+    pair = _pair(cfg.bn, k, target, half) if cfg.bm == 64 and plain else None
+    if pair is not None:  # (gathering convolutions ran slower paired: _paired)
+        options.append(_with_tail(pair, m, n, k, target))
+    options = [c for c in options if c is not None]
+    return min(options, key=lambda c: (_wave_cost(c, m, n, k, target), options.index(c)))
+
+
+def _with_tail(cfg: GemmConfig, m: int, n: int, k: int, target) -> GemmConfig | None:
+    """``cfg`` with its last wave split, or None where none is thin enough to."""
     pm, pn = -(-m // cfg.bm), -(-n // cfg.bn)
     rows = tail_rows(cfg, m, n, target)
     if rows == 0 or rows >= pm:
-        return cfg
+        return None
     slots = _sms(target) * resident(cfg, target)
     split = min(TAIL_MAX, slots // ((pm - rows) * pn), k // cfg.bk // TAIL_MIN_SLICE)
-    return dataclasses.replace(cfg, tail=split) if split >= 2 else cfg
+    return dataclasses.replace(cfg, tail=split) if split >= 2 else None
+
+
+def _wave_cost(cfg: GemmConfig, m: int, n: int, k: int, target) -> float:
+    """Relative time: rounds of resident programs (a split tail's round as long as its
+    slice) times a tile's work over its efficiency (``gemm_cost``'s)."""
+    slots = _sms(target) * resident(cfg, target)
+    pn = -(-n // cfg.bn)
+    if cfg.tail > 1:
+        rounds = -(-tail_rows(cfg, m, n, target) * pn // slots) + \
+            split_chunk(k, cfg.tail, cfg.bk) / k
+    else:
+        rounds = -(-(-(-m // cfg.bm) * pn) // slots)
+    intensity = cfg.bm * cfg.bn / (cfg.bm + cfg.bn)
+    return rounds * cfg.bm * cfg.bn * (intensity + 40.0) / intensity
 
 
 # K steps (of BK) a GEMM needs before its last wave is split: a shorter wave saves less than the
