@@ -111,7 +111,7 @@ WAVES = 2  # programs per multiprocessor the default tile aims for
 def qgemm_config(spec: QGemmSpec, target, tuned: dict | None = None) -> GemmConfig | None:
     """A tuning record's tiles (BK adjusted by the loop form), else the widest tile that still
     gives every multiprocessor two programs (the smallest when none does), at most 64 x 128
-    when K is at most 128; 8-bit K steps of 128; no split-K. None when M or N is under 16.
+    when K is at most 128; 8-bit K steps of 128; no split-K and no split tail. None when M or N is under 16.
 
     int8 tiles finish in half the time of fp16 ones, so fewer, wider ones leave the GPU idle;
     with one or two K steps nothing pipelines, and more programs per multiprocessor hide the
@@ -123,7 +123,7 @@ def qgemm_config(spec: QGemmSpec, target, tuned: dict | None = None) -> GemmConf
         return None
     if tuned:
         cfg = gemm_config(spec.m, spec.n, spec.k, target, half=True, tuned=tuned)
-        return dataclasses.replace(cfg, split_k=1, bn=min(cfg.bn, NP_UNIT))
+        return dataclasses.replace(cfg, split_k=1, tail=1, bn=min(cfg.bn, NP_UNIT))
     short = spec.k <= 128
     fits = [(bm, bn) for bm, bn in (TILES if spec.m >= 64 else SMALL)
             if bm <= max(16, pow2(spec.m)) and bn <= max(32, pow2(spec.n)) and

@@ -109,7 +109,7 @@ def stage_spaces(fused: Kernel, renderer: TritonRenderer, level: str) -> dict[in
                                            + space))[:limit]
         elif f.template == "qgemm":  # int8: fp16's tiles with 8-bit K steps, no split-K
             m, n, k = f.meta["m"], f.meta["n"], f.meta["k"]
-            space = [dataclasses.replace(fp8_gemm_config(c, k, tgt), split_k=1)
+            space = [dataclasses.replace(fp8_gemm_config(c, k, tgt), split_k=1, tail=1)
                      for c in gemm_space(m, n, k, tgt, True, False, 1, limit)]
             space = list(dict.fromkeys(space))
         elif f.template == "reduction":
