@@ -450,7 +450,7 @@ class StageRenderer:
         self._store(st, value, guard, None)
         if tail is not None:
             em.close()
-            return tail.functions(self, st, c, epi, cfg, consts, meta, StageRenderer)
+            return tail.functions(self, st, c, epi, cfg, consts, meta)
         return self._function("gemm", consts, (tiles * outer,), cfg, meta)
 
     def _matrices(self, st: Stage, c: Contraction) -> tuple[Direct, Direct] | None:
@@ -552,30 +552,41 @@ class StageRenderer:
         off = em.flat(ws, (ks, *st.vars), "omask")
         em.emit(f"tl.store({WS_PARAM} + ({off}), acc, mask=omask)")
         em.used.pop(self.refs[st.out].param, None)  # the output is written by part 2 only
-        nbytes = split * points * 4
         meta = dict(meta, split_k=split)
         part1 = self._function("gemm", dict(consts, SPLIT_K=split), (programs,), cfg, meta)
-        part1.workspace = {ws: nbytes}
+        return self.with_sum(part1, ws, split * points * 4,
+                             lambda part2: part2._split_sum(st, epi, ws, split, points))
+
+    def with_sum(self, part1: TritonFunction, ws: str, nbytes, build) -> TritonFunction:
+        """``part1``, which writes fp32 partials into the workspace ``ws``, and into ``extra``
+        the second launch ``build`` renders (on a renderer of its own): their sum and the
+        epilogue (split-K; tail.py)."""
         part2 = StageRenderer(self.parent, f"{self.name}_sum", self.refs, self.wide)
-        fn = part2._split_sum(st, epi, ws, split, points)
-        fn.workspace = {ws: nbytes}
+        fn = build(part2)
+        part1.workspace = fn.workspace = {ws: nbytes}
         self.extra.append(fn)
         self.owner.update(part2.owner)
         return part1
+
+    def summed(self, ws: str, split: int, points) -> None:
+        """``xidx`` and ``xmask`` over ``points`` outputs, and ``acc``: the ``split`` partials of
+        each in the workspace ``ws``, summed in a fixed order (the same sum on every run)."""
+        em = self.em
+        wsp = em.param(ws).param
+        em.emit(f"xidx = {self._flat_index(points, 'XBLOCK')}")
+        em.emit(f"xmask = xidx < {S(points)}")
+        em.emit(f"acc = tl.load({wsp} + xidx, mask=xmask, other=0)")
+        for s in range(1, split):
+            em.emit(f"acc += tl.load({wsp} + ({S(s * points)} + xidx), mask=xmask, other=0)")
+        em.env[Var("acc", DType.float32)] = "acc"
 
     def _split_sum(self, st: Stage, epi: Expr, ws: str, split: int, points: int
                    ) -> TritonFunction:
         cfg = pointwise_config(hint(points))
         em = self.em
         em.param(st.out)
-        wsp = em.param(ws).param
-        em.emit(f"xidx = {self._flat_index(points, 'XBLOCK')}")
-        em.emit(f"xmask = xidx < {S(points)}")
-        em.emit(f"acc = tl.load({wsp} + xidx, mask=xmask, other=0)")
-        for s in range(1, split):  # fixed order: the same sum on every run
-            em.emit(f"acc += tl.load({wsp} + ({S(s * points)} + xidx), mask=xmask, other=0)")
+        self.summed(ws, split, points)
         em.decompose("xidx", st.vars, st.extents)
-        em.env[Var("acc", DType.float32)] = "acc"
         value = em.expr(epi, "xmask")
         self._store(st, value, "xmask", "xidx")
         return self._function("splitk_sum", {"XBLOCK": cfg.block}, (cdiv(points, cfg.block),),

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...graph_ir.types import DType
-from ...tensor_ir.expr import Var
 from .config import pointwise_config, split_chunk, tail_rows
 from .exprs import BufRef
 from .sizes import cdiv
@@ -94,35 +93,24 @@ class GemmTail:
         sr.em.emit(f"tl.store({p} + (ks * {self.points} + (mi - {self.m0}) * {self.n} + nj), "
                    "acc, mask=omask)")
 
-    def functions(self, sr, st, c, epi, cfg, consts: dict, meta: dict, renderer_cls):
+    def functions(self, sr, st, c, epi, cfg, consts: dict, meta: dict):
         """The GEMM (whole tiles and the tail's partials) and, into ``sr.extra``, the sum."""
-        ws = f"{sr.name}_ws"
-        nbytes = self.split * self.points * 4
         meta = dict(meta, tail=self.split, tail_rows=self.m - self.m0)
         gemm = sr._function("gemm", consts, (self.programs,), cfg, meta)
-        gemm.workspace = {ws: nbytes}
-        part2 = renderer_cls(sr.parent, f"{sr.name}_sum", sr.refs, sr.wide)
-        fn = self._sum(part2, st, c, epi, ws)
-        fn.workspace = {ws: nbytes}
-        sr.extra.append(fn)
-        sr.owner.update(part2.owner)
-        return gemm
+        ws = f"{sr.name}_ws"
+        return sr.with_sum(gemm, ws, self.split * self.points * 4,
+                           lambda part2: self._sum(part2, st, c, epi, ws))
 
     def _sum(self, sr, st, c, epi, ws: str):
+        """Over the tail's rows: the slices summed, the epilogue applied, the output stored."""
         cfg = pointwise_config(self.points)
         em = sr.em
         em.param(st.out)
-        p = em.param(ws).param
-        em.emit(f"xidx = {sr._flat_index(self.points, 'XBLOCK')}")
-        em.emit(f"xmask = xidx < {self.points}")
-        em.emit(f"acc = tl.load({p} + xidx, mask=xmask, other=0)")
-        for s in range(1, self.split):  # fixed order: the same sum on every run
-            em.emit(f"acc += tl.load({p} + ({s * self.points} + xidx), mask=xmask, other=0)")
+        sr.summed(ws, self.split, self.points)
         em.emit(f"mi = {self.m0} + xidx // {self.n}")
         em.emit(f"nj = xidx % {self.n}")
         em.decompose("mi", [st.vars[k] for k in c.mvars], [st.extents[k] for k in c.mvars])
         em.decompose("nj", [st.vars[k] for k in c.nvars], [st.extents[k] for k in c.nvars])
-        em.env[Var("acc", DType.float32)] = "acc"
         sr._store(st, em.expr(epi, "xmask"), "xmask", None)
         return sr._function("tail_sum", {"XBLOCK": cfg.block}, (cdiv(self.points, cfg.block),),
                             cfg, {"tail": self.split})
