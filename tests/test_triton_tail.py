@@ -14,9 +14,11 @@ import pytest
 pytest.importorskip("triton")
 pytest.importorskip("torch")  # the interpreter reads host memory through torch CPU tensors
 
+import deploy
 from deploy.backends.triton import config as config_mod
 from deploy.backends.triton import render as render_mod
 from deploy.backends.triton.config import gemm_config, gemm_space, tail_rows
+from deploy.backends.triton.interpret import InterpretDevice
 from deploy.targets import load_target
 
 from tests.test_triton_splitk import _gemm_model, _run, rand
@@ -69,6 +71,25 @@ def test_tail_record_where_it_cannot_apply_renders_whole_tiles(tmp_path, monkeyp
     np.testing.assert_allclose(ours, run_ort(model, feed)[0], rtol=2e-3, atol=2e-3)
 
 
+def test_rows_known_only_at_run_time_keep_whole_tiles(tmp_path, monkeypatch):
+    """A symbolic row count (any batch) has no tail to plan: whole tiles, and the tile the
+    heuristic gives without one (not the paired tile a tail would have picked)."""
+    monkeypatch.setattr(config_mod, "_sms", lambda target: 2)
+    k, n = 2048, 80
+    model = _gemm_model("rows", k, n, "gelu")
+    art = deploy.compile(model, target="h100", aot=False, check_precision=False, dtype="fp16")
+    plans = art.manifest["gpu"]["kernels"].values()
+    launches = [x["template"] for p in plans
+                for ls in [p["launches"], *(v["launches"] for v in p.get("variants", ()))]
+                for x in ls]
+    assert "gemm" in launches and "tail_sum" not in launches  # (each size class's plan)
+    with deploy.load(art.save(tmp_path / "m.dpk"), device=InterpretDevice()) as mod:
+        for rows in (300, 17):
+            x = rand(rows, k)
+            np.testing.assert_allclose(mod.run({"x": x})[0], run_ort(model, {"x": x})[0],
+                                       rtol=2e-3, atol=2e-3)
+
+
 def test_heuristic_splits_a_thin_last_wave_of_long_gemms():
     for target in (H100, H200):
         cfg = gemm_config(6304, 768, 3072, target, half=True, plain=True)  # ViT-base FFN2, b32
@@ -83,6 +104,8 @@ def test_heuristic_splits_a_thin_last_wave_of_long_gemms():
         assert (cfg.bm, cfg.bn, cfg.tail) == (128, 128, 7)
         gathered = gemm_config(6304, 768, 3072, target, half=True)
         assert (gathered.bm, gathered.tail) == (64, 4)
+    whole = gemm_config(6304, 768, 3072, H100, half=True, plain=True, fixed=False)
+    assert (whole.tail, whole.bm) == (1, 64)  # sizes known at run time: no tail, no pairing
     assert gemm_config(6304, 768, 3072, H100, plain=True).tail == 1  # fp32: not measured
     assert gemm_config(6304, 768, 768, H100, half=True, plain=True).tail == 1  # K too short
     assert gemm_config(25088, 128, 1152, H200, half=True).tail == 1  # (ResNet-50: slower)
@@ -111,8 +134,6 @@ def test_tuning_space_and_records_carry_the_tail():
 def test_tail_gemm_on_the_gpu_matches_ort(epilogue, tmp_path):
     """ViT-base's rows at batch 32 (6304) on the real multiprocessor count: 264 paired tiles
     whole, the 36 past them in 7 K slices each, against ONNX Runtime fp32."""
-    import deploy
-
     m, k, n = 6304, 2048, 768
     model = _gemm_model(m, k, n, epilogue)
     feed = {"x": rand(m, k)} | ({"r": rand(m, n)} if epilogue == "residual" else {})

@@ -221,12 +221,14 @@ def _tiles(m: int, n: int, tc: bool, target) -> list[tuple[int, int]]:
 
 def gemm_config(m: int, n: int, k: int, target=None, half: bool = False, tf32: bool = False,
                 batch: int = 1, tuned: dict | None = None,
-                heavy_epilogue: bool = False, plain: bool = False) -> GemmConfig | None:
+                heavy_epilogue: bool = False, plain: bool = False,
+                fixed: bool = True) -> GemmConfig | None:
     """Tiles for ``batch`` M x N x K contractions; None when M or N is too small for ``tl.dot``
     tiles (the reduction template then runs it). ``half``: fp16/bf16 operands; ``tf32``: fp32
     operands on TF32 tensor cores; ``tuned``: a tuning record's parameters for this stage;
     ``heavy_epilogue``: the epilogue evaluates a transcendental function (GELU's erf);
-    ``plain``: both operands are matrices a TMA descriptor can read (gpu_operands.direct)."""
+    ``plain``: both operands are matrices a TMA descriptor can read (gpu_operands.direct);
+    ``fixed``: the sizes are known at compile time (a split tail needs them: tail.py)."""
     if m < 16 or n < 16:
         return None
     cfg = _tuned_gemm(tuned, target, half)
@@ -253,7 +255,7 @@ def gemm_config(m: int, n: int, k: int, target=None, half: bool = False, tf32: b
     cfg = dataclasses.replace(cfg, split_k=choose_split_k(m, n, k, batch, cfg, target, half, tc))
     cfg = _nearly_one_wave(cfg, m, n, k, batch, target, half)
     cfg = _gathered(cfg, m, n, batch, target, half, plain)
-    cfg = _split_tail(cfg, m, n, k, batch, target, half, plain)
+    cfg = _split_tail(cfg, m, n, k, batch, target, half, plain) if fixed else cfg
     tiles = -(-m // bm) * -(-n // bn)
     if cfg.split_k == 1 and cfg.tail == 1 and bm >= 128 and tma_ok(target, half, batch, plain) and (
             not heavy_epilogue and tiles >= TMA_MIN_WAVES * _sms(target)
@@ -620,13 +622,13 @@ def _tuned_gemm(tuned: dict | None, target, half: bool) -> GemmConfig | None:
 
 def gemm_space(m: int, n: int, k: int, target=None, half: bool = False, tf32: bool = False,
                batch: int = 1, limit: int = 12, heavy_epilogue: bool = False,
-               plain: bool = False) -> list[GemmConfig]:
+               plain: bool = False, fixed: bool = True) -> list[GemmConfig]:
     """The default first; then its pipeline one stage shallower and deeper; the cost model's
     next-best tile shapes; BK and warps varied on the two best shapes; then, for wider searches,
     BK, warps and stages crossed on the three best shapes: at most ``limit``. Where the TMA
     GEMM applies, the first half of that list is followed by itself with ``tma`` flipped."""
     base = gemm_config(m, n, k, target, half, tf32, batch, heavy_epilogue=heavy_epilogue,
-                       plain=plain)
+                       plain=plain, fixed=fixed)
     if base is None:
         return []
     space = _space(base, m, n, k, target, half, tf32, batch, limit)

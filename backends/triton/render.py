@@ -169,7 +169,8 @@ class StageRenderer:
                               self.parent.target, contraction.half, tf32=self.parent.allow_tf32,
                               batch=hint(_numel([st.extents[k] for k in contraction.outer])),
                               tuned=self.tuned, heavy_epilogue=heavy,
-                              plain=self._matrices(st, contraction) is not None)
+                              plain=self._matrices(st, contraction) is not None,
+                              fixed=self._fixed(contraction))
             if cfg is not None and contraction.fp8 and not self.tuned:
                 cfg = fp8_gemm_config(cfg, hint(contraction.k), self.parent.target, heavy)
             if cfg is not None:
@@ -516,12 +517,14 @@ class StageRenderer:
                      f"strides={strides}, block_shape=[{blocks[0]}, {blocks[1]}])")
         return name
 
+    def _fixed(self, c: Contraction) -> bool:
+        """One GEMM per launch of sizes known now, in 32-bit offsets: a split tail may apply."""
+        return not (self.wide or c.outer) and all(isinstance(x, int) for x in (c.m, c.n, c.k))
+
     def _tail(self, st: Stage, c: Contraction, cfg: GemmConfig) -> GemmTail | None:
         """The configuration's split of the last wave's row tiles (``GemmTail``), None where
-        it cannot apply (sizes known only at run time, batched GEMMs, a K steps don't
-        divide, no tiles past the whole waves)."""
-        if cfg.tail <= 1 or self.wide or c.outer or \
-                not all(isinstance(x, int) for x in (c.m, c.n, c.k)) or c.k % cfg.bk:
+        it cannot apply (not ``_fixed``, BK not dividing K, no tiles past the whole waves)."""
+        if cfg.tail <= 1 or not self._fixed(c) or c.k % cfg.bk:
             return None
         return GemmTail.plan(cfg, c.m, c.n, c.k, self.parent.target, 1 if c.fp8 else 2)
 

@@ -103,7 +103,8 @@ def stage_spaces(fused: Kernel, renderer: TritonRenderer, level: str) -> dict[in
             batch = f.meta.get("batch", f.grid[0] // tiles)
             space = gemm_space(m, n, k, tgt, f.meta["half"], renderer.allow_tf32, batch, limit,
                                heavy_epilogue=f.meta.get("heavy", False),
-                               plain=f.meta.get("plain", False))
+                               plain=f.meta.get("plain", False),
+                               fixed=all(isinstance(x, int) for x in (m, n, k)))
             if f.meta.get("fp8"):  # each candidate with fp8's longer BK first, then as it is
                 space = list(dict.fromkeys([fp8_gemm_config(c, k, tgt) for c in space]
                                            + space))[:limit]
