@@ -32,6 +32,7 @@ from .graph_ir.interpreter import interpret
 from .graph_ir.ops import Kind, movement, signal
 from .graph_ir.passes import precision, precision_guard, run_pipeline
 from .graph_ir.passes.fp8 import calibrate
+from .graph_ir.passes.winograd import bf16_dot_products
 from .graph_ir.printer import print_graph
 from .graph_ir.sym import Sym, dim_json, free_symbols
 from .graph_ir.verify import check_symbol_order
@@ -446,7 +447,8 @@ SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float
 
 def _contraction_types(graph: Graph) -> dict[str, int]:
     """How many contractions compute in which type: CPU bf16 dot products (``bf16 dot-product``),
-    float32 Winograd convolutions (``fp32 winograd``), else
+    float32 Winograd convolutions (``fp32 winograd``) and those whose GEMMs are bf16 dot products
+    (``bf16 winograd``), else
     their input's dtype (``fp32`` where a policy kept a layer wide: a depthwise convolution
     on a CPU with bf16 dot products, a layer the --max-error guard kept). An
     ``ExpandDepthwise`` counts as its two: the expansion (where it has one) in its input's
@@ -459,7 +461,9 @@ def _contraction_types(graph: Graph) -> dict[str, int]:
                 out[key] = out.get(key, 0) + 1
             key = "fp32"
         elif n.op.name == "PackedConv" and n.attrs["algo"] == "winograd":
-            key = "fp32 winograd"
+            x = n.inputs[0]
+            bf16 = bf16_dot_products(n.attrs["tile"], x.dtype, x.shape[-1])
+            key = "bf16 winograd" if bf16 else "fp32 winograd"
         elif n.op.name in ("PackedConv", "PackedMatMul"):
             key = "bf16 dot-product"
         elif n.op.kind is Kind.CONTRACTION and n.inputs[0] is not None:

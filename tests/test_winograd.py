@@ -186,11 +186,15 @@ def test_transforms_are_the_convolution(tm):
 
 @pytest.mark.parametrize("hw,c,tiles", [((28, 28), 32, ["f4x4"] * 2),
                                         ((29, 30), 24, ["f4x4"] * 2),  # a channel tail
-                                        ((14, 14), 32, [])])
+                                        ((14, 14), 32, ["f2x2"] * 2),
+                                        ((15, 17), 40, ["f2x2"] * 2),  # a tail, half-empty tiles
+                                        ((7, 7), 64, ["f2x2"] * 2),
+                                        ((14, 14), 33, [])])
 def test_bf16_convolutions(hw, c, tiles):
     """``--dtype bf16`` on a CPU with bf16 dot products and no AMX: the packed convolutions of
-    28 x 28 outputs and more take float32 F(4x4, 3x3) (bf16 input, residual and output), smaller
-    ones keep the bf16 GEMM. Against ONNX Runtime on the model with bf16-rounded weights and
+    28 x 28 outputs and more take float32 F(4x4, 3x3) (bf16 input, residual and output),
+    smaller ones F(2x2, 3x3) with its GEMMs on bf16 dot products where the input channels pair
+    up, else the bf16 GEMM. Against ONNX Runtime on the model with bf16-rounded weights and
     inputs: within bf16's rounding of the outputs."""
     import ml_dtypes
     isa = tuple(i for i in host_isa() if not i.startswith("amx"))
@@ -203,10 +207,34 @@ def test_bf16_convolutions(hw, c, tiles):
         init.CopyFrom(onnx.numpy_helper.from_array(arr, init.name))
     x = feed["x"].astype(ml_dtypes.bfloat16).astype(np.float32)
     ours, ref = art.load().run({"x": x})[0], run_ort(model, {"x": x})[0]
-    assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 3e-3
+    err = np.linalg.norm(ours - ref) / np.linalg.norm(ref)
+    if "f2x2" in tiles:  # the products' operands rounded to bf16: about twice the GEMM's error
+        gemm = deploy.compile(model, target=dataclasses.replace(target, winograd="none"),
+                              dtype="bf16").load().run({"x": x})[0]
+        assert err < 2.5 * np.linalg.norm(gemm - ref) / np.linalg.norm(ref) and err < 5e-3
+    else:
+        assert err < 3e-3
     np.testing.assert_allclose(ours, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
     amx = dataclasses.replace(target, isa=isa + ("amx_tile", "amx_bf16"))
     assert _tiles(deploy.compile(model, target=amx, dtype="bf16")) == []
+
+
+@pytest.mark.skipif(not X86 or "avx2" not in host_isa(), reason="needs an x86-64 CPU with AVX2")
+def test_bf16_dot_products_without_the_instruction():
+    """Code built without AVX512-BF16 (``-march=x86-64-v3``) widens the pairs of F(2x2)'s bf16
+    GEMMs instead: the same numbers as ``vdpbf16ps``'s up to the sums' order."""
+    import ml_dtypes
+    target = dataclasses.replace(load_target("x86_64-avx2"), name="wino-bf16-avx2", bf16="dot",
+                                 cc_flags=("-march=x86-64-v3",), vector_bits=256,
+                                 preferred_layout="NHWC")
+    model, feed = _block(32, (14, 14), batch=1)
+    art = deploy.compile(model, target=target, dtype="bf16")
+    assert _tiles(art) == ["f2x2"] * 2
+    x = feed["x"].astype(ml_dtypes.bfloat16).astype(np.float32)
+    ours = art.load().run({"x": x})[0]
+    gemm = deploy.compile(model, target=dataclasses.replace(target, winograd="none"),
+                          dtype="bf16").load().run({"x": x})[0]
+    assert np.linalg.norm(ours - gemm) / np.linalg.norm(gemm) < 6e-3
 
 
 def test_bad_winograd_key(tmp_path):

@@ -15,7 +15,11 @@
       packed per point as panels [kp/16][c][16] (zero-padded columns);
    3. output transform, + bias, + residual (the output's layout), clamp to [lo, hi], store.
    The input, the residual and the output may be bfloat16 (--dtype bf16 on CPUs without AMX:
-   widened on load, the transforms and GEMMs float32, rounded once at the store).
+   widened on load, the transforms float32, rounded once at the store). There the GEMMs of
+   F(2x2, 3x3) run on bf16 dot products (``dot``: vdpbf16ps where compiled for AVX512-BF16, else
+   the pairs widened): V stored as bf16, U packed as bf16 pairs of input channels
+   [kp/16][c/2][16][2], the sums float32 (F(4x4)'s transforms magnify rounding 6x more: its
+   GEMMs stay float32, docs/precision.md).
    The scratch (V and M of one chunk) comes from the calling thread's buffer. */
 #include <stdint.h>
 #include <string.h>
@@ -53,6 +57,7 @@ typedef struct {
   int tm;                         /* outputs per tile side: 2 or 4 */
   int x_bf16, res_bf16, out_bf16; /* bfloat16 input, residual, output (else float32) */
   int act;                        /* 1: clamp to [lo, hi] */
+  int dot;                        /* V bf16, U bf16 pairs: GEMMs on bf16 dot products (even c) */
   float lo, hi;
 } dp_wgeom;
 
@@ -119,7 +124,7 @@ static inline void dp_w_bt6(const dp_wv* s, int st, dp_wv* o, int ot) {
    transformed points (a = tm + 2, a constant where inlined) to v[p * vstride] */
 static inline __attribute__((always_inline)) void dp_w_in_tile(
     const dp_wgeom* g, const void* x, int64_t img, int64_t ty, int64_t tx, int64_t c0,
-    int64_t lanes, float* v, int64_t vstride, const int a) {
+    int64_t lanes, void* v, int64_t vstride, const int a) {
   dp_wv d[36], r[36];
   for (int i = 0; i < a; i++) {
     const int64_t y = g->tm * ty - g->ph + i;
@@ -141,9 +146,10 @@ static inline __attribute__((always_inline)) void dp_w_in_tile(
     if (a == 4) dp_w_bt4(r + i * a, 1, o, 1);
     else dp_w_bt6(r + i * a, 1, o, 1);
     for (int j = 0; j < a; j++) {
-      float* pv = v + (i * a + j) * vstride;
-      if (lanes == DP_WVL) dp_wstore(pv, o[j]);
-      else for (int64_t l = 0; l < lanes; l++) pv[l] = o[j][l];
+      const int64_t at = (i * a + j) * vstride;
+      if (g->dot && lanes == DP_WVL) dp_wstore_bf16((uint16_t*)v + at, o[j]);
+      else if (lanes == DP_WVL) dp_wstore((float*)v + at, o[j]);
+      else for (int64_t l = 0; l < lanes; l++) dp_wput(v, g->dot, at + l, o[j][l]);
     }
   }
 }
@@ -185,6 +191,63 @@ static void dp_w_gemm(const float* a, int64_t lda, const float* b, int64_t c, in
     case 3: dp_w_tile(a, lda, b, c, 3, m, ldm); break;
     case 2: dp_w_tile(a, lda, b, c, 2, m, ldm); break;
     default: dp_w_tile(a, lda, b, c, 1, m, ldm); break;
+  }
+}
+
+/* phase 2 on bf16: rows of a as bf16 (lda apart), b as bf16 pairs (panels of c/2 x 16 x 2),
+   float32 sums. vdpbf16ps multiplies a broadcast pair of a row's channels by a panel's 16
+   column pairs; elsewhere each pair is widened and takes two multiply-adds. */
+#if defined(__AVX512BF16__) && DP_WVL == 16
+#define DP_WD_REG(v) __asm__("" : "+v"(v))  /* the broadcast loaded once (see expand_dw.h) */
+#define DP_WDFMA(r) { __m512bh a_ = (__m512bh)_mm512_set1_epi32(dp_w_word(a + r * lda + 2 * kk)); \
+  DP_WD_REG(a_); c##r##0 = dp_w_dot(c##r##0, a_, b0); if (nv > 1) c##r##1 = dp_w_dot(c##r##1, a_, b1); \
+  if (nv > 2) c##r##2 = dp_w_dot(c##r##2, a_, b2); if (nv > 3) c##r##3 = dp_w_dot(c##r##3, a_, b3); }
+static inline int32_t dp_w_word(const uint16_t* p) { int32_t v; memcpy(&v, p, 4); return v; }
+static inline dp_wv dp_w_dot(dp_wv acc, __m512bh a, __m512bh b) {
+  return (dp_wv)_mm512_dpbf16_ps((__m512)acc, a, b);
+}
+#define DP_WDB(v) (__m512bh)_mm512_loadu_si512((const void*)(b + ((v) * (c / 2) + kk) * 32))
+static inline __attribute__((always_inline)) void dp_w_tile_dot(const uint16_t* a, int64_t lda,
+                                                                const uint16_t* b, int64_t c,
+                                                                const int nv, float* m, int64_t ldm) {
+  DP_WROWS(DP_WDECL)
+  for (int64_t kk = 0; kk < c / 2; kk++) {
+    const __m512bh b0 = DP_WDB(0), b1 = nv > 1 ? DP_WDB(1) : b0, b2 = nv > 2 ? DP_WDB(2) : b0;
+    const __m512bh b3 = nv > 3 ? DP_WDB(3) : b0;
+    DP_WROWS(DP_WDFMA)
+  }
+  DP_WROWS(DP_WST)
+}
+#else
+/* the pairs widened: word w of a panel row holds column w's even (low half) and odd k */
+static void dp_w_tile_dot(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t c,
+                          const int nv, float* m, int64_t ldm) {
+  for (int r = 0; r < DP_WMR; r++)
+    for (int v = 0; v < nv; v++) {
+      dp_wv acc = {0};
+      for (int64_t kk = 0; kk < c / 2; kk++) {
+        dp_wvu w;
+        memcpy(&w, b + ((v / DP_WNV * (c / 2) + kk) * DP_WNR + v % DP_WNV * DP_WVL) * 2,
+               sizeof w);
+        const dp_wvu lo = w << 16, hi = w & 0xffff0000u;
+        dp_wv even, odd;
+        memcpy(&even, &lo, sizeof even);
+        memcpy(&odd, &hi, sizeof odd);
+        acc += dp_bf16_to_f32(a[r * lda + 2 * kk]) * even +
+               dp_bf16_to_f32(a[r * lda + 2 * kk + 1]) * odd;
+      }
+      dp_wstore(m + r * ldm + v * DP_WVL, acc);
+    }
+}
+#endif
+
+static void dp_w_gemm_dot(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t c, int np,
+                          float* m, int64_t ldm) {
+  switch (np * DP_WNV) {
+    case 4: dp_w_tile_dot(a, lda, b, c, 4, m, ldm); break;
+    case 3: dp_w_tile_dot(a, lda, b, c, 3, m, ldm); break;
+    case 2: dp_w_tile_dot(a, lda, b, c, 2, m, ldm); break;
+    default: dp_w_tile_dot(a, lda, b, c, 1, m, ldm); break;
   }
 }
 
@@ -248,7 +311,7 @@ static inline __attribute__((always_inline)) void dp_w_out_tile(
 }
 
 /* tiles [t0, t0 + nt) of the convolution: a * a x (nt rounded up to DP_WMR) rows of V and M */
-static void dp_w_chunk(const dp_wgeom* g, const void* x, const float* u, const float* bias,
+static void dp_w_chunk(const dp_wgeom* g, const void* x, const void* u, const float* bias,
                        const void* res, void* out, int64_t t0, int64_t nt, float* v, float* m) {
   const int a = g->tm + 2, pts = a * a;
   const int64_t th = (g->oh + g->tm - 1) / g->tm, tw = (g->ow + g->tm - 1) / g->tm;
@@ -259,10 +322,10 @@ static void dp_w_chunk(const dp_wgeom* g, const void* x, const float* u, const f
 #pragma omp for schedule(static)
   for (int64_t job = 0; job < rows * cvec; job++) {
     const int64_t i = job / cvec, c0 = job % cvec * DP_WVL;
-    const int64_t lanes = g->c - c0 < DP_WVL ? g->c - c0 : DP_WVL;
-    float* vi = v + i * g->c + c0;
+    const int64_t lanes = g->c - c0 < DP_WVL ? g->c - c0 : DP_WVL, es = g->dot ? 2 : 4;
+    void* vi = (char*)v + (i * g->c + c0) * es;
     if (i >= nt) {  /* the last register tile's rows past the chunk: zeros */
-      for (int p = 0; p < pts; p++) memset(vi + p * vstride, 0, (size_t)lanes * 4);
+      for (int p = 0; p < pts; p++) memset((char*)vi + p * vstride * es, 0, (size_t)(lanes * es));
       continue;
     }
     const int64_t t = t0 + i, img = t / (th * tw), ty = t / tw % th, tx = t % tw;
@@ -274,8 +337,13 @@ static void dp_w_chunk(const dp_wgeom* g, const void* x, const float* u, const f
   for (int64_t job = 0; job < pts * groups * rblocks; job++) {
     const int64_t p = job / (groups * rblocks), grp = job / rblocks % groups, rb = job % rblocks;
     const int64_t p0 = grp * DP_WNP, np = panels - p0 < DP_WNP ? panels - p0 : DP_WNP;
-    dp_w_gemm(v + p * vstride + rb * DP_WMR * g->c, g->c, u + (p * panels + p0) * g->c * DP_WNR,
-              g->c, (int)np, m + p * mstride + rb * DP_WMR * g->kp + p0 * DP_WNR, g->kp);
+    const int64_t va = p * vstride + rb * DP_WMR * g->c, ua = (p * panels + p0) * g->c * DP_WNR;
+    float* mp = m + p * mstride + rb * DP_WMR * g->kp + p0 * DP_WNR;
+    if (g->dot)
+      dp_w_gemm_dot((const uint16_t*)v + va, g->c, (const uint16_t*)u + ua, g->c, (int)np, mp,
+                    g->kp);
+    else
+      dp_w_gemm(v + va, g->c, (const float*)u + ua, g->c, (int)np, mp, g->kp);
   }
   const int64_t kv = (g->k + DP_WVL - 1) / DP_WVL;
 #pragma omp for schedule(static)
@@ -289,7 +357,7 @@ static void dp_w_chunk(const dp_wgeom* g, const void* x, const float* u, const f
 }
 
 __attribute__((noinline, noclone))
-static void dp_wino(const dp_wgeom* g, const void* x, const float* u, const float* bias,
+static void dp_wino(const dp_wgeom* g, const void* x, const void* u, const float* bias,
                     const void* res, void* out) {
   const int64_t pts = (g->tm + 2) * (g->tm + 2);
   const int64_t tiles = g->n * ((g->oh + g->tm - 1) / g->tm) * ((g->ow + g->tm - 1) / g->tm);

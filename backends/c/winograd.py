@@ -5,13 +5,17 @@ call of ``dp_wino`` (``winograd.h``) per kernel.
 F(tm x tm, 3x3), tm = 2 or 4 (the spec's ``tile``; Lavin and Gray): per input channel c and
 output channel k, ``U = G g G^T`` (a = tm + 2 squared points from the 3 x 3 window ``g``),
 stored per point p = a * i + j as column panels ``[a*a][kp/16][c][16]`` (16 output channels per
-panel, zero-padded) for the kernel's GEMMs. The bias is padded to the same ``kp``.
+panel, zero-padded) for the kernel's GEMMs, float32; for GEMMs on bf16 dot products
+(``dot_products``: a bf16 stage's F(2x2) over an even channel count) rounded to bf16 and paired
+along c, ``[a*a][kp/16][c/2][16][2]``. The bias is padded to the same ``kp``.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ...graph_ir.passes.winograd import bf16_dot_products
 from ...graph_ir.sym import is_sym
+from ...graph_ir.types import DType
 from ...tensor_ir.qgemm import QGemmSpec, QGemmStage
 from .sizes import c_size
 
@@ -29,9 +33,15 @@ def transform_weight(w_hwio: np.ndarray, tm: int = 2) -> np.ndarray:
     return u.reshape(len(g) ** 2, *w_hwio.shape[2:])
 
 
+def dot_products(spec: QGemmSpec) -> bool:
+    """Whether the stage's GEMMs run on bf16 dot products (``winograd.bf16_dot_products``)."""
+    dtype = DType.bfloat16 if spec.kind == "bf16" else DType.float32
+    return bf16_dot_products(spec.tile, dtype, spec.c)
+
+
 def pack_winograd(spec: QGemmSpec, w, bias) -> dict[str, np.ndarray]:
-    """The kernel's constant inputs: ``w`` (the transformed weight in panels) and ``off`` (the
-    float32 bias), both padded to whole panels of output channels."""
+    """The kernel's constant inputs: ``w`` (the transformed weight in panels, float32 or bf16
+    pairs) and ``off`` (the float32 bias), both padded to whole panels of output channels."""
     u = transform_weight(np.asarray(w, np.float32), spec.tile)
     pts, c, k = u.shape
     kp = -(-k // NR) * NR
@@ -40,6 +50,9 @@ def pack_winograd(spec: QGemmSpec, w, bias) -> dict[str, np.ndarray]:
     off = np.zeros(kp, np.float32)
     off[:k] = bias
     panels = full.reshape(pts, c, kp // NR, NR).transpose(0, 2, 1, 3)
+    if dot_products(spec):  # [pts][panels][c/2][16][2]: a pair of channels per column
+        bits = panels.astype(DType.bfloat16.np).view(np.uint16)
+        panels = bits.reshape(pts, kp // NR, c // 2, 2, NR).transpose(0, 1, 2, 4, 3)
     return {"w": np.ascontiguousarray(panels), "off": off}
 
 
@@ -52,10 +65,10 @@ def render_winograd(st: QGemmStage, names: dict[str, str], out: str) -> list[str
     lo, hi = (_float(s.lo), _float(s.hi)) if clip else ("0.0f", "0.0f")
     bf16 = int(s.kind == "bf16")  # the input and the residual (a bf16 stage's), and the output
     fields = [imgs, s.ih, s.iw, s.c, s.n, s.oh, s.ow, s.pad[0], s.pad[1], kp, s.tile, bf16, bf16,
-              int(s.out == "bfloat16"), int(clip)]
+              int(s.out == "bfloat16"), int(clip), int(dot_products(s))]
     args = [names.get(key, "NULL") for key in ("x", "w", "off", "res")]
     note = (f"winograd F({s.tile}x{s.tile}, 3x3): {imgs or 'batch'} x {s.oh} x {s.ow}, {s.c} -> "
-            f"{s.n} channels")
+            f"{s.n} channels{', bf16 dot products' if dot_products(s) else ''}")
     geom = f"dp_wgeom g_ = {{{', '.join(map(str, fields))}, {lo}, {hi}}};"
     if is_sym(s.m):
         lines = [f"  {geom}", f"  g_.n = ({c_size(s.m)}) / {s.oh * s.ow};"]

@@ -4,9 +4,12 @@
 instead of 144 or 36; float32 arithmetic).
 
 Taken: float32 channels-last convolutions (after ``layout``) and, on CPUs without AMX, the bf16
-``PackedConv`` of ``bf16_dot`` from ``MIN_POSITIONS_F4`` outputs (its inputs widened, its output
-rounded once: float32 F(4x4, 3x3) ran ResNet-50's 56 x 56 and 28 x 28 3 x 3 layers 1.5x faster
-than bf16 dot products on 2 Zen 4 cores, F(2x2) its 14 x 14 ones no faster), each with group 1,
+``PackedConv`` of ``bf16_dot``: from ``MIN_POSITIONS_F4`` outputs F(4x4) in float32 (its inputs
+widened, its output rounded once: it ran ResNet-50's 56 x 56 and 28 x 28 3 x 3 layers 1.5x
+faster than bf16 dot products on 2 Zen 4 cores), below them, from ``MIN_POSITIONS_DOT``, F(2x2)
+with its GEMMs on bf16 dot products where the input channels pair up (ResNet-50 bf16 6.7% faster
+with its 14 x 14 stage so, about twice the direct kernel's rounding per layer: float32 F(2x2)
+was no faster than the GEMM there), each with group 1,
 a 3 x 3 window at stride 1 and dilation 1, a constant weight, static sizes but the batch, at least
 ``MIN_CHANNELS`` input and output channels and ``MIN_POSITIONS`` output positions per image;
 F(4x4, 3x3) from ``MIN_POSITIONS_F4``. Below them the transformed weight (36 / 9 or 16 / 9 the
@@ -36,6 +39,9 @@ from .rewrite import Rewriter, rewrite
 MIN_CHANNELS = 16
 MIN_POSITIONS = 14 * 14
 MIN_POSITIONS_F4 = 28 * 28
+# bf16 F(2x2) on dot products from 7 x 7 outputs (ResNet-50 bf16 on 2 Zen 4 cores: its 7 x 7
+# stage's two 3 x 3 convolutions so, 1.6% faster than on the GEMM; float32 F(2x2) there was not)
+MIN_POSITIONS_DOT = 7 * 7
 
 
 def eligible(node: Node, w: np.ndarray | None) -> bool:
@@ -45,16 +51,27 @@ def eligible(node: Node, w: np.ndarray | None) -> bool:
         return False
     if not all(isinstance(d, int) for v in (x, out) for d in v.shape[1:]):
         return False  # (the batch may be symbolic: the kernel reads it per call)
+    positions = out.shape[1] * out.shape[2]
+    least = MIN_POSITIONS
     if node.op.name == "Conv":
         ok = x.dtype is out.dtype is DType.float32 and a["layout"] == "NHWC" and a["group"] == 1
-    else:  # (a PackedConv is channels-last, group 1; F(2x2) ran no faster than its GEMM)
-        ok = x.dtype is DType.bfloat16 and a["algo"] == "gemm" and \
-            out.shape[1] * out.shape[2] >= MIN_POSITIONS_F4
+    elif positions >= MIN_POSITIONS_F4:  # (a PackedConv: channels-last, group 1) F(4x4)
+        ok = x.dtype is DType.bfloat16 and a["algo"] == "gemm"
+    else:  # F(2x2) on bf16 dot products over pairs of channels (backends/c/winograd.py)
+        ok = a["algo"] == "gemm" and bf16_dot_products(2, x.dtype, x.shape[-1])
+        least = MIN_POSITIONS_DOT
     if not ok or tuple(a["strides"]) != (1, 1) or tuple(a["dilations"]) != (1, 1) or \
             tuple(w.shape[:2]) != (3, 3):
         return False
-    _, oh, ow, k = out.shape
-    return min(w.shape[2], k) >= MIN_CHANNELS and oh * ow >= MIN_POSITIONS
+    return min(w.shape[2], out.shape[3]) >= MIN_CHANNELS and positions >= least
+
+
+def bf16_dot_products(tile: int, dtype: DType, channels: int) -> bool:
+    """Whether a Winograd convolution's GEMMs run on bf16 dot products: F(2x2) of a bf16 input
+    over an even channel count (F(4x4)'s transforms magnify the rounding of bf16 operands to
+    2e-2 of a layer's output, F(2x2)'s to 3.4e-3 against the direct kernel's 1.6e-3:
+    docs/precision.md; its GEMMs stay float32)."""
+    return tile == 2 and dtype is DType.bfloat16 and channels % 2 == 0
 
 
 def to_winograd(node: Node, rw: Rewriter, small_tiles: bool = False) -> Value | None:
