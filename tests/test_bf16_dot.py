@@ -154,6 +154,34 @@ def test_matmul_gelu_epilogue(target, form):
     assert not any("Erf" in k.get("note", "") for k in art.manifest["kernels"])
 
 
+def test_gelu_epilogue_over_its_range(target):
+    # GELU's inputs from -8 to 8 (past the rational erf's clamp at 4 sqrt2), each output against
+    # the exact erf: the products are exact (x * 2, bf16 weights of 2 and 0) and the sums are
+    # single terms, so what is left is the erf fit and the output's rounding to bf16
+    import math
+    k = n = 64
+    x = np.linspace(-4, 4, 16 * k, dtype=np.float32).reshape(16, k)
+    x = _bf16(x + RNG.uniform(-0.01, 0.01, x.shape).astype(np.float32))
+    inits = {"w": (2 * np.eye(k)).astype(np.float32), "b": np.zeros(n, np.float32),
+             "one": np.float32(1), "half": np.float32(0.5), "c": np.float32(np.sqrt(0.5))}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node("Add", ["y", "b"], ["z"]),
+             helper.make_node("Mul", ["z", "c"], ["s"]),
+             helper.make_node("Erf", ["s"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]),
+             helper.make_node("Mul", ["half", "z"], ["m"]),
+             helper.make_node("Mul", ["m", "e1"], ["out"])]
+    model = make_model(nodes, [("x", np.float32, [16, k])], [("out", np.float32, None)], inits)
+    art = deploy.compile(model, target=target, dtype="bf16")
+    assert not any("Erf" in k.get("note", "") for k in art.manifest["kernels"])
+    ours = art.load().run({"x": x})[0].astype(np.float64)
+    z = 2 * x.astype(np.float64)
+    ref = 0.5 * z * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
+    # bf16 rounding (2^-9 of the value) plus the fit's 2.3e-6 of erf times |z| / 2
+    bound = 2.0 ** -8 * np.abs(ref) + 2e-6 * np.abs(z) + 1e-30
+    assert (np.abs(ours - ref) <= bound).all(), np.abs(ours - ref).max()
+
+
 def test_few_products_per_output_stay_loops(target):
     model, feed = _conv_model(32, 48, (6, 6), 1)  # 32 products per output
     _check(model, feed, target, expect=0)
