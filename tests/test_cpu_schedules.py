@@ -66,6 +66,28 @@ def test_channels_last_max_pool_reduces_outside_the_channel_loop():
     _check(model, (1, 64, 16, 16))
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_max_pool_keeps_its_extremes_in_float(dtype):
+    # a max pool over bf16 / fp16 values holds each window's running extreme in a float row and
+    # stores it once; the extreme is one of the (rounded) inputs, so the result is exact: the
+    # 1 x 1 convolution by the identity passes the rounded input through unchanged
+    import ml_dtypes
+    nodes = [helper.make_node("Conv", ["x", "P"], ["h"], kernel_shape=[1, 1]),
+             helper.make_node("MaxPool", ["h"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1] * 4)]
+    eye = np.eye(64, dtype=np.float32).reshape(64, 64, 1, 1)
+    model = make_model(nodes, [("x", np.float32, [1, 64, 16, 16])],
+                       [("y", np.float32, [1, 64, 8, 8])], {"P": eye})
+    art = deploy.compile(model, dtype=dtype)
+    assert any("reduce_outer" in s for k in art.manifest["kernels"] for s in k["schedule"])
+    x = _w(1, 64, 16, 16)
+    half = ml_dtypes.bfloat16 if dtype == "bf16" else np.float16
+    xr = np.pad(x.astype(half).astype(np.float32), [(0, 0), (0, 0), (1, 1), (1, 1)],
+                constant_values=-np.inf)
+    ref = np.max([xr[:, :, i:i + 16:2, j:j + 16:2] for i in range(3) for j in range(3)], axis=0)
+    np.testing.assert_array_equal(art.load().run({"x": x})[0], ref)
+
+
 def test_layer_norm_statistics_are_dot_products_not_strided_loops():
     node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)
     model = make_model([node], [("x", np.float32, [128, 768])], [("y", np.float32, [128, 768])],
