@@ -9,7 +9,8 @@ AVX512-BF16 dot products where the CPU has them) and with ``bf16: none`` (bf16 s
 float32 loops), and deploy's fp32 build; OpenVINO (``pip install openvino``) compiles it for
 ``CPU`` with its defaults (``INFERENCE_PRECISION_HINT`` bf16 where the CPU has AVX512-BF16 or
 AMX, which the table names) and with ``f32``; ONNX Runtime runs fp32. All at ``--threads``
-threads in this process, timed in alternating blocks (``bench.cpu.interleaved_ms``, medians).
+threads in this process, timed in alternating blocks (``bench.cpu.interleaved_blocks``: medians;
+the ratios are medians of the rounds' ratios, ``bench.cpu.paired_ratio``).
 Errors: relative L2 against ONNX Runtime's fp32 output over ``--samples`` seeded inputs.
 Prints one markdown row per model.
 """
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .cpu import interleaved_ms
+from .cpu import interleaved_blocks, paired_ratio
 from .int8 import _rel_l2
 
 
@@ -76,9 +78,12 @@ def bench_model(name: str, threads: int, runs: int, samples: int) -> str:
         engines = [dot, loops, fp32, ov_default, ov_f32, lambda f: sess.run(None, f)[0]]
         errors = [_rel_l2([fn(f) for f in feeds], ref) for fn in (dot, ov_default)]
         feed = feeds[0]
-        ms = interleaved_ms([lambda fn=fn: fn(feed) for fn in engines], runs)
+        blocks = interleaved_blocks([lambda fn=fn: fn(feed) for fn in engines], runs,
+                                    rounds=max(4, runs // 3))
+    ms = [statistics.median(t for b in bs for t in b) for bs in blocks]
     cells = [name, f"{compile_s:.1f}", *(f"{t:.2f}" for t in ms), ov_precision,
-             f"{ms[0] / ms[3]:.2f}", f"{ms[2] / ms[4]:.2f}", f"{errors[0]:.1e}",
+             f"{paired_ratio(blocks[0], blocks[3]):.2f}", f"{paired_ratio(blocks[2], blocks[4]):.2f}",
+             f"{errors[0]:.1e}",
              f"{errors[1]:.1e}"]
     return "| " + " | ".join(cells) + " |"
 

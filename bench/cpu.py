@@ -8,7 +8,8 @@ check it against ONNX Runtime (rtol 1e-3, atol 1e-4 of the output's largest magn
 random-weight ResNet-50's logits reach 375, where float32 sums in another order differ by 3e-4),
 then time every engine on the same inputs,
 in alternating blocks (so the shared machine's load falls on all alike):
-medians after warm-up, milliseconds, and the ratios deploy/ORT and deploy/torch.compile. ORT and
+medians after warm-up, milliseconds, and the ratios deploy/ORT and deploy/torch.compile (the
+median of the rounds' ratios, ``paired_ratio``: blocks of about three calls). ORT and
 torch use the same thread count as deploy's OpenMP. Prints one markdown row per model.
 ``--without PASS`` (e.g. ``winograd``) also compiles the model with that pipeline pass skipped
 (``DEPLOY_DISABLE_PASSES``) and times it with the others: columns "deploy without PASS ms" and
@@ -29,23 +30,39 @@ def median_ms(fn, runs: int, warmup: int = 3) -> float:
 
 
 def interleaved_ms(fns, runs: int, warmup: int = 3, rounds: int = 4) -> list[float]:
-    """Median milliseconds of each of ``fns``, timed in alternating blocks (``rounds`` blocks
-    per engine, each of ``runs / rounds`` timed calls after ``warmup`` untimed ones), so a
-    neighbour's load on this shared machine falls on every engine alike, while one engine's
-    spinning worker threads (ONNX Runtime's spin after each run) never steal the cores from
-    the next one's timed calls: a pause and untimed calls open every block."""
+    """Median milliseconds of each of ``fns`` over every timed call (``interleaved_blocks``)."""
+    blocks = interleaved_blocks(fns, runs, warmup, rounds)
+    return [statistics.median(t for b in bs for t in b) for bs in blocks]
+
+
+def interleaved_blocks(fns, runs: int, warmup: int = 3, rounds: int = 4) -> list[list[list[float]]]:
+    """Each of ``fns`` timed in alternating blocks (``rounds`` blocks per engine, each of ``runs
+    / rounds`` timed calls after ``warmup`` untimed ones), so a neighbour's load on this shared
+    machine falls on every engine alike, while one engine's spinning worker threads (ONNX
+    Runtime's spin after each run) never steal the cores from the next one's timed calls: a
+    pause and untimed calls open every block. Milliseconds, ``[engine][block][call]``."""
     per_block = max(1, -(-runs // rounds))
-    times = [[] for _ in fns]
+    blocks: list[list[list[float]]] = [[] for _ in fns]
     for _ in range(rounds):
-        for fn, ts in zip(fns, times):
+        for fn, bs in zip(fns, blocks):
             time.sleep(0.2)  # the previous engine's spin-waiting worker threads go to sleep
             for _ in range(warmup):
                 fn()
+            ts = []
             for _ in range(per_block):
                 t0 = time.perf_counter()
                 fn()
                 ts.append((time.perf_counter() - t0) * 1e3)
-    return [statistics.median(ts) for ts in times]
+            bs.append(ts)
+    return blocks
+
+
+def paired_ratio(a: list[list[float]], b: list[list[float]]) -> float:
+    """The median over rounds of (a's block median / b's block median): two engines timed in
+    the same rounds (``interleaved_blocks``), compared round by round. Where the machine's
+    speed drifts between rounds (the 16-core VM host moved 35% within a minute, both engines
+    alike), the ratio of whole medians follows whichever rounds were slow; this does not."""
+    return statistics.median(statistics.median(x) / statistics.median(y) for x, y in zip(a, b))
 
 
 def _compile_without(path: str, tune: str, without: str):
@@ -96,15 +113,17 @@ def bench_model(name: str, batch: int, runs: int, threads: int, tune: str, torch
         with torch.no_grad():
             compiled(*args)
         engines += [torch.no_grad()(lambda: module(*args)), torch.no_grad()(lambda: compiled(*args))]
-    times = interleaved_ms(engines, runs)
+    blocks = interleaved_blocks(engines, runs, rounds=max(4, runs // 3))
+    times = [statistics.median(t for b in bs for t in b) for bs in blocks]
     t_deploy, t_ort = times[:2]
     t_without = times.pop(2) if without else None
     t_eager, t_tc = (times[2:] + [float("nan")] * 2)[:2]
     cells = [name, str(batch), f"{compile_s:.1f}", f"{t_deploy:.2f}", f"{t_ort:.2f}"]
-    cells += [f"{t_eager:.2f}", f"{t_tc:.2f}", f"{t_deploy / t_ort:.2f}",
-              f"{t_deploy / t_tc:.2f}", "yes" if ok else "NO"]
+    tc = blocks[-1] if torch_too else None
+    cells += [f"{t_eager:.2f}", f"{t_tc:.2f}", f"{paired_ratio(blocks[0], blocks[1]):.2f}",
+              f"{paired_ratio(blocks[0], tc):.2f}" if tc else "nan", "yes" if ok else "NO"]
     if without:
-        cells += [f"{t_without:.2f}", f"{t_without / t_ort:.2f}"]
+        cells += [f"{t_without:.2f}", f"{paired_ratio(blocks[2], blocks[1]):.2f}"]
     return "| " + " | ".join(cells) + " |"
 
 

@@ -15,19 +15,21 @@ ResNet-50's logits, per token for BERT's hidden states), and, for scale, both en
 against the fp32 model, and the floor of those two measures: ONNX Runtime's own output against
 its execution of the QDQ graph as written (``ORT_DISABLE_ALL``: every DequantizeLinear, float op
 and QuantizeLinear run one by one, no fused integer kernels), the distance between two
-faithful executions of the same model. Latency: medians of alternating blocks (bench.cpu.interleaved_ms), both
-engines in this process at ``--threads`` threads. Prints one markdown row per model.
+faithful executions of the same model. Latency: medians of alternating blocks
+(bench.cpu.interleaved_blocks; the ratio: the median of the rounds' ratios,
+bench.cpu.paired_ratio), both engines in this process at ``--threads`` threads. Prints one markdown row per model.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .cpu import interleaved_ms
+from .cpu import interleaved_blocks, paired_ratio
 
 
 def qdq_path(name: str, calib: int, reduce_range: bool, ops: tuple[str, ...] = (),
@@ -114,9 +116,11 @@ def bench_model(name: str, runs: int, threads: int, calib: int, samples: int,
     raw = ort.InferenceSession(str(path), so_raw, providers=["CPUExecutionProvider"])
     written = [raw.run(None, f)[0] for f in feeds]
     feed = feeds[0]
-    t_deploy, t_ort = interleaved_ms([lambda: mod.run(feed), lambda: sess.run(None, feed)], runs)
+    blocks = interleaved_blocks([lambda: mod.run(feed), lambda: sess.run(None, feed)], runs,
+                                rounds=max(4, runs // 3))
+    t_deploy, t_ort = (statistics.median(t for b in bs for t in b) for bs in blocks)
     cells = [name, f"{quant_s:.0f}", f"{compile_s:.1f}", str(int8_kernels),
-             f"{t_deploy:.2f}", f"{t_ort:.2f}", f"{t_deploy / t_ort:.2f}",
+             f"{t_deploy:.2f}", f"{t_ort:.2f}", f"{paired_ratio(*blocks):.2f}",
              f"{_rel_l2(ours, ref):.2e}", f"{_top1(ours, ref):.1%}",
              f"{_rel_l2(ours, full):.2e}", f"{_rel_l2(ref, full):.2e}",
              f"{_rel_l2(ref, written):.2e}", f"{_top1(ref, written):.1%}"]
