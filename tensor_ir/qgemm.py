@@ -51,6 +51,8 @@ class QGemmSpec:
     # "expand_dw" (an ExpandDepthwise: k = c the expansion's, n its channels, the window and
     # oh, ow the depthwise convolution's; act / lo / hi the expansion's clamp)
     tile: int = 2  # Winograd's outputs per tile side: 2 or 4
+    kseg: int = 0  # bf16: k per window row where the weight is packed by window rows (the
+    # backend's in-place kernel for a few input channels, backends/c/qgemm.py rows_conv), else 0
     act: str = "none"  # bf16: "clip" clamps to [lo, hi]
     lo: float = 0.0
     hi: float = 0.0

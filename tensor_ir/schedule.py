@@ -496,7 +496,8 @@ def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None,
             continue
         if isinstance(stage, QGemmStage):  # int8 / bf16 contraction: the backend's template
             sp = stage.spec
-            out.append(StageSchedule(template=f"{sp.kind} {sp.path or 'contraction'}"))
+            rows = " rows" if sp.kseg else ""  # (window rows read in place)
+            out.append(StageSchedule(template=f"{sp.kind} {sp.path or 'contraction'}{rows}"))
             continue
         if stage.store_index is not None and _symbolic(stage):
             out.append(StageSchedule())  # a scatter over run-time sizes runs in order

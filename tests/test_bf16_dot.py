@@ -99,6 +99,20 @@ def test_conv(target, c, n, hw, k, stride, pad):
     _check(model, feed, target)
 
 
+@pytest.mark.parametrize("c,n,hw,k,stride,pad,batch", [
+    (3, 64, (23, 29), 7, 2, 3, 2),  # ResNet's stem: panel pairs, a partial last block of six
+    (3, 40, (15, 13), 5, 2, 2, 1),  # 5 x 5 on 3 channels: kw * c = 15 (odd), a single panel
+    (4, 32, (9, 11), 5, 1, 2, 1),   # stride 1, kw * c = 20
+])
+def test_conv_window_rows_in_place(target, c, n, hw, k, stride, pad, batch):
+    # convolutions over a few channels read each window row in place from a padded copy
+    # (qgemm.h dp_q_rowconv) instead of packing im2col rows
+    model, feed = _conv_model(c, n, hw, k, stride, pad, batch=batch)
+    art = _check(model, feed, target)
+    templates = [s.get("template") for kr in art.manifest["kernels"] for s in kr["schedule"]]
+    assert "bf16 bf16 rows" in templates, templates
+
+
 @pytest.mark.parametrize("stride,hw,batch", [(1, (10, 21), 2), (2, (9, 15), 1), (1, (7, 7), 3)])
 def test_conv_from_padded_input(target, stride, hw, batch):
     # 3 x 3 windows over 64 channels: on AMX the tiles read a zero-padded copy of the input

@@ -83,6 +83,9 @@ typedef struct {
                             a contraction with a requantization program, dp_q_store_post) */
   float out_inv;         /* the residual's v * out_inv rounds as v / out_scale for every pair of
                             bytes (checked at compile time), or 0: divide */
+  int64_t kseg;          /* bf16: k per window row (kw * c rounded up to pairs) where the
+                            weight is packed by window rows and the rows are read in place
+                            (dp_q_rowconv), else 0 */
 } dp_qgeom;
 
 /* the pointers of one call: packed weight, epilogue vectors, residual (bf16), output */
@@ -431,6 +434,24 @@ static void dp_q_micro_bf512x2(const char* a, int64_t lda, const uint16_t* p0, c
     const __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void*)(p1 + q * 32));
     const char* ak = a + 4 * q;
     DP_QROWS(DP_B512DOT)
+  }
+  DP_QROWS(DP_B512STORE)
+}
+/* the same over window rows: kh row segments of kq pairs, segment ky read at a + ky * rs
+   (dp_q_rowconv); p0, p1 the two panels' weights, [kh][kq][16][2] each */
+static void dp_q_micro_rows512(const char* a, int64_t lda, int64_t rs, int64_t kh, int64_t kq,
+                               const uint16_t* p0, const uint16_t* p1, float* acc) {
+  DP_QROWS(DP_B512DECL)
+  for (int64_t ky = 0; ky < kh; ky++) {
+    const char* ar = a + ky * rs;
+    const uint16_t* w0 = p0 + ky * kq * 32;
+    const uint16_t* w1 = p1 + ky * kq * 32;
+    for (int64_t q = 0; q < kq; q++) {
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void*)(w0 + q * 32));
+      const __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void*)(w1 + q * 32));
+      const char* ak = ar + 4 * q;
+      DP_QROWS(DP_B512DOT)
+    }
   }
   DP_QROWS(DP_B512STORE)
 }
@@ -1270,6 +1291,81 @@ static inline int dp_q_nested(void) {
 #endif
 }
 
+/* ---- bf16 convolutions over a few channels (a stem: 3) without im2col rows ----
+   An im2col row of a 7 x 7 stem on 3 channels is 7 runs of 21 values: packing them cost about
+   as much as the dot products (ResNet-50's stem at 258 GFLOP/s on 2 Zen 4 cores, the other
+   convolutions at 400-450). Here the input is copied once, zero-padded (channels-last bf16,
+   ihp x iwp pixels per image, padding past the last output's window included), and window
+   row ky of output pixel ox is the kw * c elements of padded row oy * sh + ky from pixel
+   ox * sw: six outputs of an output row read it in place, sw * c elements apart. The weight
+   is packed as a (kh * kseg) x n matrix, kseg = kw * c rounded up to pairs; where kw * c is
+   odd, the last pair's second element (the next pixel's first channel) meets a zero weight. */
+static void dp_q_rows_tile(const dp_qgeom* g, const char* a, int64_t lda, int64_t rs,
+                           const char* bpan, int64_t pstride, int two, float* acc) {
+  const int64_t kq = g->kseg / 2;
+#ifdef DP_B512
+  if (two) {
+    dp_q_micro_rows512(a, lda, rs, g->kh, kq, (const uint16_t*)bpan,
+                       (const uint16_t*)(bpan + pstride), acc);
+    return;
+  }
+#endif
+  float t[DP_QMR * DP_QNR];
+  memset(acc, 0, sizeof(float) * (size_t)(two + 1) * DP_QMR * DP_QNR);
+  for (int h = 0; h <= two; h++)
+    for (int64_t ky = 0; ky < g->kh; ky++) {
+      dp_q_micro_bf16(a + ky * rs, lda, (const uint16_t*)(bpan + h * pstride) + ky * kq * 32, kq,
+                      t);
+      for (int i = 0; i < DP_QMR * DP_QNR; i++) acc[h * DP_QMR * DP_QNR + i] += t[i];
+    }
+}
+
+/* whether a bf16 convolution takes dp_q_rowconv: packed by window rows, a dense NHWC input */
+static int dp_q_rows(const dp_qgeom* g) {
+  return g->kseg > 0 && g->path == 4 && g->xs_c == 1 && g->xs_w == g->c &&
+         g->xs_h == g->iw * g->c && g->dh == 1 && g->dw == 1;
+}
+
+static void dp_q_rowconv(const dp_qgeom* g, const void* x, const dp_qargs* q) {
+  const int64_t c = g->c, imgs = g->m / (g->oh * g->ow), blocks = (g->ow + DP_QMR - 1) / DP_QMR;
+  const int64_t ihp = (g->oh - 1) * g->sh + g->kh;
+  const int64_t iwp = (blocks * DP_QMR - 1) * g->sw + g->kw + 1;  /* + the odd pair's reach */
+  const int64_t rs = iwp * c * 2, lda = g->sw * c * 2, panels = g->np / DP_QNR;
+  const int64_t pstride = g->kp / 2 * 64;  /* one panel's packed weight, bytes */
+  char* pad = (char*)dp_grow(&dp_qshared_buf, &dp_qshared_cap, (size_t)(imgs * ihp * rs) + 64);
+  if (!pad) return;
+  const uint16_t* xs = (const uint16_t*)x;
+#pragma omp parallel if (g->m * g->n * g->kp > 65536 && !dp_q_nested())
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < imgs * ihp; r++) {
+      const int64_t img = r / ihp, y = r % ihp - g->ph;
+      char* row = pad + r * rs;
+      memset(row, 0, (size_t)rs);
+      if (y < 0 || y >= g->ih) continue;
+      const int64_t left = g->pw, n = g->iw < iwp - left ? g->iw : iwp - left;
+      memcpy(row + left * c * 2, xs + (img * g->ih + y) * g->iw * c, (size_t)(n * c * 2));
+    }
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t t = 0; t < imgs * g->oh * blocks; t++) {
+      const int64_t row = t / blocks, img = row / g->oh, oy = row % g->oh;
+      const int64_t ox0 = t % blocks * DP_QMR, valid = g->ow - ox0 < DP_QMR ? g->ow - ox0 : DP_QMR;
+      const char* a = pad + (img * ihp + oy * g->sh) * rs + ox0 * lda;
+      int64_t obase[DP_QMR];
+      for (int64_t i = 0; i < DP_QMR; i++)
+        obase[i] = img * g->os_img + (oy * g->ow + ox0 + i) * g->os_pix;
+      float acc[2 * DP_QMR * DP_QNR];
+      for (int64_t p = 0; p < panels; p += 2) {
+        const int two = p + 1 < panels;
+        dp_q_rows_tile(g, a, lda, rs, (const char*)q->bp + p * pstride, pstride, two, acc);
+        for (int h = 0; h <= two; h++)
+          dp_q_emit(g, (const int32_t*)(acc + h * DP_QMR * DP_QNR), obase, valid,
+                    (p + h) * DP_QNR, q, NULL);
+      }
+    }
+  }
+}
+
 /* the whole contraction, in chunks of rows: the threads pack a chunk's rows together (unless
    they are read in place), then share its tiles of (mc rows, a run of panels) */
 /* not inlined or cloned per call site: one copy serves every kernel (a clone per constant
@@ -1279,6 +1375,10 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
                      const float* mult, const float* off, const int32_t* zw, const void* res,
                      void* out) {
   const dp_qargs q = {bp, corr, mult, off, zw, (const uint16_t*)res, out};
+  if (dp_q_rows(g)) {
+    dp_q_rowconv(g, x, &q);
+    return;
+  }
 #ifdef DP_QAMX
   if (dp_q_direct_conv(g, &q) && dp_q_amx(g, g->kp * (g->path == 4 ? 2 : 1))) {
     dp_q_dconv(g, x, &q);

@@ -110,13 +110,39 @@ def _operand_zero_point(spec: QGemmSpec, path: str) -> int:
     return spec.x_zp + (128 if spec.x_signed else 0)
 
 
+# k per window row up to which a bf16 convolution reads its window rows in place
+# (``rows_conv``): a 7 x 7 stem on 3 channels has 21
+ROWS_MAX_SEG = 32
+
+
+def rows_conv(spec: QGemmSpec) -> bool:
+    """Whether a bf16 convolution runs ``qgemm.h``'s ``dp_q_rowconv`` (its weight packed by
+    window rows, each row of ``kw * c`` inputs read in place from a padded copy): a few input
+    channels, a window of several rows, dilation 1, a dense channels-last input."""
+    c, s = spec.c, spec.x_strides
+    return (spec.kind == "bf16" and spec.algo == "gemm" and spec.kh > 1
+            and spec.kw * c <= ROWS_MAX_SEG and spec.dilation == (1, 1)
+            and s[1:] == (spec.iw * c, c, 1)
+            and (s[0] == spec.ih * spec.iw * c or spec.m == spec.oh * spec.ow))
+
+
+def row_segment(spec: QGemmSpec) -> int:
+    """k per window row as ``dp_q_rowconv`` packs it: ``kw * c`` rounded up to pairs."""
+    return -(-spec.kw * spec.c // 2) * 2
+
+
 def pack_bf16(spec: QGemmSpec, w, bias, path: str = "bf16") -> dict[str, np.ndarray]:
     """The bf16 kernel's constant inputs: ``w`` (bf16 bits in pairs along k, panels of 16
     columns, zero-padded) and ``off`` (the float32 bias, padded to whole panels); ``path``
-    ``bf16-amx`` pads k to whole AMX tile rows."""
+    ``bf16-amx`` pads k to whole AMX tile rows; a ``spec.kseg`` packs k by window rows, each
+    ``kw * c`` long padded to ``kseg``."""
     wm = np.asarray(weight_matrix(spec, w)).view(np.uint16)
+    if spec.kseg:
+        rows = wm.reshape(spec.kh, spec.kw * spec.c, -1)
+        wm = np.pad(rows, [(0, 0), (0, spec.kseg - rows.shape[1]), (0, 0)]).reshape(
+            spec.kh * spec.kseg, -1)
     k, n = wm.shape
-    kp, np_ = padded_k(path, k), -(-n // NR) * NR
+    kp, np_ = (k if spec.kseg else padded_k(path, k)), -(-n // NR) * NR
     full = np.zeros((kp, np_), np.uint16)
     full[:k, :n] = wm
     off = np.zeros(np_, np.float32)
@@ -153,6 +179,9 @@ def pack_kernel(k, step: dict, plan, target_path: str):
         # convolution's input in place only while k is the channel count (MobileNetV2's 144
         # channels padded to 160 had every row copied first: 2x the time)
         path = "bf16-amx" if target_path == "amx" else "bf16"
+        if path == "bf16" and rows_conv(st.spec):
+            st = dataclasses.replace(st, spec=dataclasses.replace(st.spec,
+                                                                  kseg=row_segment(st.spec)))
         packed = pack_bf16(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]], path)
     else:
         arrays = [plan.constants[vid] for vid in step["inputs"][1:6]]
@@ -282,7 +311,8 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
         return render_winograd(st, names, out)
     if s.algo == "expand_dw":
         return render_expand_dw(st, names, out)
-    kp, np_ = padded_k(s.path, s.k), -(-s.n // NR) * NR
+    kp = s.kh * s.kseg if s.kseg else padded_k(s.path, s.k)
+    np_ = -(-s.n // NR) * NR
     if s.algo == "bmm":
         return _render_bmm(s, kp, np_, names, out)
     geom = [s.m, s.n, kp, np_, s.oh, s.ow, s.ih, s.iw, s.c, s.kh, s.kw, *s.stride, *s.pad,
@@ -300,6 +330,8 @@ def render_qgemm(st: QGemmStage, names: dict[str, str], out: str) -> list[str]:
     inv = residual_reciprocal(s) if int8_res else 0.0
     if inv:  # (post, hd, os_head), out_inv
         fields += ["NULL", "0", "0", _float(inv)]
+    if s.kseg:
+        fields.append(f".kseg = {s.kseg}")
     args = [names.get(key, "NULL") for key in ("x", "w", "corr", "mult", "off", "zw", "res")]
     lines = [f"  /* {s.kind} {s.path}: {s.m} x {s.n} x {s.k}, {s.out} out */"]
     if s.post:
