@@ -143,6 +143,21 @@ def test_matmul_bias_relu(target, k, n):
     _check(model, {"x": RNG.standard_normal((2, 7, k)).astype(np.float32)}, target)
 
 
+def _matmul_gelu(form: str) -> list:
+    """x @ w + b, then an erf GELU as exporters write it: x * 0.5 * (1 + erf(x / c)) ("div",
+    torch.onnx) or 0.5 * x * (1 + erf(x * c)) ("mul")."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node("Add", ["y", "b"], ["z"]),
+             helper.make_node("Div" if form == "div" else "Mul", ["z", "c"], ["s"]),
+             helper.make_node("Erf", ["s"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"])]
+    if form == "div":
+        return nodes + [helper.make_node("Mul", ["z", "e1"], ["m"]),
+                        helper.make_node("Mul", ["m", "half"], ["out"])]
+    return nodes + [helper.make_node("Mul", ["half", "z"], ["m"]),
+                    helper.make_node("Mul", ["m", "e1"], ["out"])]
+
+
 @pytest.mark.parametrize("form", ["div", "mul"])
 def test_matmul_gelu_epilogue(target, form):
     # the two erf GELUs exporters write: x * 0.5 * (1 + erf(x / sqrt2)) (torch.onnx) and
@@ -152,18 +167,8 @@ def test_matmul_gelu_epilogue(target, form):
     b = RNG.standard_normal(n).astype(np.float32)
     inits = {"w": w, "b": b, "one": np.float32(1), "half": np.float32(0.5),
              "c": np.float32(np.sqrt(2) if form == "div" else np.sqrt(0.5))}
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
-             helper.make_node("Add", ["y", "b"], ["z"]),
-             helper.make_node("Div" if form == "div" else "Mul", ["z", "c"], ["s"]),
-             helper.make_node("Erf", ["s"], ["e"]),
-             helper.make_node("Add", ["e", "one"], ["e1"])]
-    if form == "div":
-        nodes += [helper.make_node("Mul", ["z", "e1"], ["m"]),
-                  helper.make_node("Mul", ["m", "half"], ["out"])]
-    else:
-        nodes += [helper.make_node("Mul", ["half", "z"], ["m"]),
-                  helper.make_node("Mul", ["m", "e1"], ["out"])]
-    model = make_model(nodes, [("x", np.float32, [3, 5, k])], [("out", np.float32, None)], inits)
+    model = make_model(_matmul_gelu(form), [("x", np.float32, [3, 5, k])],
+                       [("out", np.float32, None)], inits)
     art = _check(model, {"x": RNG.standard_normal((3, 5, k)).astype(np.float32)}, target)
     assert not any("Erf" in k.get("note", "") for k in art.manifest["kernels"])
 
@@ -178,14 +183,8 @@ def test_gelu_epilogue_over_its_range(target):
     x = _bf16(x + RNG.uniform(-0.01, 0.01, x.shape).astype(np.float32))
     inits = {"w": (2 * np.eye(k)).astype(np.float32), "b": np.zeros(n, np.float32),
              "one": np.float32(1), "half": np.float32(0.5), "c": np.float32(np.sqrt(0.5))}
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
-             helper.make_node("Add", ["y", "b"], ["z"]),
-             helper.make_node("Mul", ["z", "c"], ["s"]),
-             helper.make_node("Erf", ["s"], ["e"]),
-             helper.make_node("Add", ["e", "one"], ["e1"]),
-             helper.make_node("Mul", ["half", "z"], ["m"]),
-             helper.make_node("Mul", ["m", "e1"], ["out"])]
-    model = make_model(nodes, [("x", np.float32, [16, k])], [("out", np.float32, None)], inits)
+    model = make_model(_matmul_gelu("mul"), [("x", np.float32, [16, k])],
+                       [("out", np.float32, None)], inits)
     art = deploy.compile(model, target=target, dtype="bf16")
     assert not any("Erf" in k.get("note", "") for k in art.manifest["kernels"])
     ours = art.load().run({"x": x})[0].astype(np.float64)

@@ -426,21 +426,11 @@ static void dp_q_micro_bf16(const char* a, int64_t lda, const uint16_t* b, int64
   f##r##a = _mm512_dpbf16_ps(f##r##a, v, b0); f##r##b = _mm512_dpbf16_ps(f##r##b, v, b1); }
 #define DP_B512STORE(r) _mm512_storeu_ps(acc + r * 16, f##r##a); \
   _mm512_storeu_ps(acc + DP_QMR * DP_QNR + r * 16, f##r##b);
-static void dp_q_micro_bf512x2(const char* a, int64_t lda, const uint16_t* p0, const uint16_t* p1,
-                               int64_t kq, float* acc) {
-  DP_QROWS(DP_B512DECL)
-  for (int64_t q = 0; q < kq; q++) {
-    const __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void*)(p0 + q * 32));
-    const __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void*)(p1 + q * 32));
-    const char* ak = a + 4 * q;
-    DP_QROWS(DP_B512DOT)
-  }
-  DP_QROWS(DP_B512STORE)
-}
-/* the same over window rows: kh row segments of kq pairs, segment ky read at a + ky * rs
-   (dp_q_rowconv); p0, p1 the two panels' weights, [kh][kq][16][2] each */
-static void dp_q_micro_rows512(const char* a, int64_t lda, int64_t rs, int64_t kh, int64_t kq,
-                               const uint16_t* p0, const uint16_t* p1, float* acc) {
+/* 6 rows x 2 panels over window rows: kh row segments of kq pairs, segment ky read at
+   a + ky * rs; p0, p1 the two panels' weights, [kh][kq][16][2] each (a GEMM: kh = 1) */
+static inline __attribute__((always_inline))
+void dp_q_micro_rows512(const char* a, int64_t lda, int64_t rs, int64_t kh, int64_t kq,
+                        const uint16_t* p0, const uint16_t* p1, float* acc) {
   DP_QROWS(DP_B512DECL)
   for (int64_t ky = 0; ky < kh; ky++) {
     const char* ar = a + ky * rs;
@@ -454,6 +444,10 @@ static void dp_q_micro_rows512(const char* a, int64_t lda, int64_t rs, int64_t k
     }
   }
   DP_QROWS(DP_B512STORE)
+}
+static void dp_q_micro_bf512x2(const char* a, int64_t lda, const uint16_t* p0, const uint16_t* p1,
+                               int64_t kq, float* acc) {
+  dp_q_micro_rows512(a, lda, 0, 1, kq, p0, p1, acc);
 }
 #endif
 
