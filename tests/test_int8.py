@@ -211,6 +211,12 @@ CONVS = {
     "1x1_stride2": ({"kernel_shape": [1, 1], "strides": [2, 2]}, (1, 32, 8, 8), (40, 32, 1, 1)),
     "7x7_stem": ({"kernel_shape": [7, 7], "pads": [3, 3, 3, 3], "strides": [2, 2]},
                  (1, 3, 20, 20), (16, 3, 7, 7)),
+    # on vnni, uint8 activations read each window row in place (kw * c = 21 in quads of 24):
+    # panel pairs, two images, a partial last block of six outputs
+    "7x7_stem_64": ({"kernel_shape": [7, 7], "pads": [3, 3, 3, 3], "strides": [2, 2]},
+                    (2, 3, 23, 29), (64, 3, 7, 7)),
+    "5x5_c4_stride1": ({"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}, (1, 4, 9, 11),
+                       (48, 4, 5, 5)),
     # channels in whole 64-byte steps: on AMX (uint8 activations) the padded-input path, with
     # partial 16-pixel segments, two images and an odd number of segments
     "3x3_c64": ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, (2, 64, 5, 19), (40, 64, 3, 3)),
@@ -226,7 +232,12 @@ def test_conv(target, name, act, per_channel):
     attrs, x_shape, w_shape = CONVS[name]
     w = RNG.standard_normal(w_shape).astype(np.float32) * 0.2
     model, x, sy = qdq_model("Conv", x_shape, w, act=act, per_channel=per_channel, conv=attrs)
-    check(model, x, sy, target)
+    art = check(model, x, sy, target)
+    templates = {s.get("template") for k in art.manifest["kernels"] for s in k["schedule"]}
+    # (window rows of at most 32 bytes: ROWS_MAX_SEG)
+    rows = target.endswith("vnni.yaml") and act is np.uint8 and w_shape[2] > 1 and \
+        w_shape[3] * x_shape[1] <= 32
+    assert ("int8 vnni rows" in templates) == rows, templates
 
 
 @pytest.mark.parametrize("op", ["MatMul", "Conv"])

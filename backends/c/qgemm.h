@@ -896,16 +896,28 @@ static void dp_q_store(const dp_qgeom* g, const int32_t* acc, const int64_t* oba
   d##r##a = _mm512_dpbusd_epi32(d##r##a, v, b0); d##r##b = _mm512_dpbusd_epi32(d##r##b, v, b1); }
 #define DP_Q512STORE(r) _mm512_storeu_si512(acc + r * 16, d##r##a); \
   _mm512_storeu_si512(acc + DP_QMR * DP_QNR + r * 16, d##r##b);
-static void dp_q_micro_vnni512x2(const char* a, int64_t lda, const int8_t* p0, const int8_t* p1,
-                                 int64_t kq, int32_t* acc) {
+/* over window rows as dp_q_micro_rows512 (kh segments of kq quads, segment ky at a + ky * rs;
+   a GEMM: kh = 1) */
+static inline __attribute__((always_inline))
+void dp_q_micro_rows_vnni512(const char* a, int64_t lda, int64_t rs, int64_t kh, int64_t kq,
+                             const int8_t* p0, const int8_t* p1, int32_t* acc) {
   DP_QROWS(DP_Q512DECL)
-  for (int64_t q = 0; q < kq; q++) {
-    const __m512i b0 = _mm512_loadu_si512((const void*)(p0 + q * 64));
-    const __m512i b1 = _mm512_loadu_si512((const void*)(p1 + q * 64));
-    const char* ak = a + 4 * q;
-    DP_QROWS(DP_Q512DOT)
+  for (int64_t ky = 0; ky < kh; ky++) {
+    const char* ar = a + ky * rs;
+    const int8_t* w0 = p0 + ky * kq * 64;
+    const int8_t* w1 = p1 + ky * kq * 64;
+    for (int64_t q = 0; q < kq; q++) {
+      const __m512i b0 = _mm512_loadu_si512((const void*)(w0 + q * 64));
+      const __m512i b1 = _mm512_loadu_si512((const void*)(w1 + q * 64));
+      const char* ak = ar + 4 * q;
+      DP_QROWS(DP_Q512DOT)
+    }
   }
   DP_QROWS(DP_Q512STORE)
+}
+static void dp_q_micro_vnni512x2(const char* a, int64_t lda, const int8_t* p0, const int8_t* p1,
+                                 int64_t kq, int32_t* acc) {
+  dp_q_micro_rows_vnni512(a, lda, 0, 1, kq, p0, p1, acc);
 }
 #endif
 
@@ -1285,7 +1297,7 @@ static inline int dp_q_nested(void) {
 #endif
 }
 
-/* ---- bf16 convolutions over a few channels (a stem: 3) without im2col rows ----
+/* ---- convolutions over a few channels (a stem: 3) without im2col rows (bf16, uint8) ----
    An im2col row of a 7 x 7 stem on 3 channels is 7 runs of 21 values: packing them cost about
    as much as the dot products (ResNet-50's stem at 258 GFLOP/s on 2 Zen 4 cores, the other
    convolutions at 400-450). Here the input is copied once, zero-padded (channels-last bf16,
@@ -1295,28 +1307,40 @@ static inline int dp_q_nested(void) {
    is packed as a (kh * kseg) x n matrix, kseg = kw * c rounded up to pairs; where kw * c is
    odd, the last pair's second element (the next pixel's first channel) meets a zero weight. */
 static void dp_q_rows_tile(const dp_qgeom* g, const char* a, int64_t lda, int64_t rs,
-                           const char* bpan, int64_t pstride, int two, float* acc) {
-  const int64_t kq = g->kseg / 2;
+                           const char* bpan, int64_t pstride, int two, int32_t* acc) {
+  const int bf = g->path == 4;
+  const int64_t kq = g->kseg / (bf ? 2 : 4);  /* 32-bit units per window row */
 #ifdef DP_B512
-  if (two) {
+  if (two && bf) {
     dp_q_micro_rows512(a, lda, rs, g->kh, kq, (const uint16_t*)bpan,
-                       (const uint16_t*)(bpan + pstride), acc);
+                       (const uint16_t*)(bpan + pstride), (float*)acc);
     return;
   }
 #endif
-  float t[DP_QMR * DP_QNR];
-  memset(acc, 0, sizeof(float) * (size_t)(two + 1) * DP_QMR * DP_QNR);
+#ifdef DP_Q512
+  if (two && !bf) {
+    dp_q_micro_rows_vnni512(a, lda, rs, g->kh, kq, (const int8_t*)bpan,
+                            (const int8_t*)(bpan + pstride), acc);
+    return;
+  }
+#endif
+  int32_t t[DP_QMR * DP_QNR];
+  memset(acc, 0, sizeof(int32_t) * (size_t)(two + 1) * DP_QMR * DP_QNR);
   for (int h = 0; h <= two; h++)
     for (int64_t ky = 0; ky < g->kh; ky++) {
-      dp_q_micro_bf16(a + ky * rs, lda, (const uint16_t*)(bpan + h * pstride) + ky * kq * 32, kq,
-                      t);
-      for (int i = 0; i < DP_QMR * DP_QNR; i++) acc[h * DP_QMR * DP_QNR + i] += t[i];
+      dp_q_tile(g, a + ky * rs, lda, bpan + h * pstride + ky * kq * 64, kq, t);
+      for (int i = 0; i < DP_QMR * DP_QNR; i++) {
+        if (bf) ((float*)acc)[h * DP_QMR * DP_QNR + i] += ((const float*)t)[i];
+        else acc[h * DP_QMR * DP_QNR + i] += t[i];
+      }
     }
 }
 
-/* whether a bf16 convolution takes dp_q_rowconv: packed by window rows, a dense NHWC input */
-static int dp_q_rows(const dp_qgeom* g) {
-  return g->kseg > 0 && g->path == 4 && g->xs_c == 1 && g->xs_w == g->c &&
+/* whether a convolution takes dp_q_rowconv: packed by window rows, a dense NHWC input; bf16,
+   or uint8 activations on vpdpbusd with no weight zero points (no row sums) */
+static int dp_q_rows(const dp_qgeom* g, const int32_t* zw) {
+  const int kind = g->path == 4 || (g->path == 2 && !g->x_signed && !zw);
+  return g->kseg > 0 && kind && g->xs_c == 1 && g->xs_w == g->c &&
          g->xs_h == g->iw * g->c && g->dh == 1 && g->dw == 1;
 }
 
@@ -1324,21 +1348,23 @@ static void dp_q_rowconv(const dp_qgeom* g, const void* x, const dp_qargs* q) {
   const int64_t c = g->c, imgs = g->m / (g->oh * g->ow), blocks = (g->ow + DP_QMR - 1) / DP_QMR;
   const int64_t ihp = (g->oh - 1) * g->sh + g->kh;
   const int64_t iwp = (blocks * DP_QMR - 1) * g->sw + g->kw + 1;  /* + the odd pair's reach */
-  const int64_t rs = iwp * c * 2, lda = g->sw * c * 2, panels = g->np / DP_QNR;
-  const int64_t pstride = g->kp / 2 * 64;  /* one panel's packed weight, bytes */
+  const int64_t es = g->path == 4 ? 2 : 1;  /* bytes per input: bf16, uint8 */
+  const int64_t rs = iwp * c * es, lda = g->sw * c * es, panels = g->np / DP_QNR;
+  const int64_t pstride = g->kp * es / 4 * 64;  /* one panel's packed weight, bytes */
+  const int fill = es == 2 ? 0 : (uint8_t)g->x_zp;  /* padding: a zero, or the zero point */
   char* pad = (char*)dp_grow(&dp_qshared_buf, &dp_qshared_cap, (size_t)(imgs * ihp * rs) + 64);
   if (!pad) return;
-  const uint16_t* xs = (const uint16_t*)x;
+  const char* xs = (const char*)x;
 #pragma omp parallel if (g->m * g->n * g->kp > 65536 && !dp_q_nested())
   {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < imgs * ihp; r++) {
       const int64_t img = r / ihp, y = r % ihp - g->ph;
       char* row = pad + r * rs;
-      memset(row, 0, (size_t)rs);
+      memset(row, fill, (size_t)rs);
       if (y < 0 || y >= g->ih) continue;
       const int64_t left = g->pw, n = g->iw < iwp - left ? g->iw : iwp - left;
-      memcpy(row + left * c * 2, xs + (img * g->ih + y) * g->iw * c, (size_t)(n * c * 2));
+      memcpy(row + left * c * es, xs + (img * g->ih + y) * g->iw * c * es, (size_t)(n * c * es));
     }
 #pragma omp for schedule(dynamic, 4)
     for (int64_t t = 0; t < imgs * g->oh * blocks; t++) {
@@ -1348,13 +1374,12 @@ static void dp_q_rowconv(const dp_qgeom* g, const void* x, const dp_qargs* q) {
       int64_t obase[DP_QMR];
       for (int64_t i = 0; i < DP_QMR; i++)
         obase[i] = img * g->os_img + (oy * g->ow + ox0 + i) * g->os_pix;
-      float acc[2 * DP_QMR * DP_QNR];
+      int32_t acc[2 * DP_QMR * DP_QNR];  /* (float sums for bf16) */
       for (int64_t p = 0; p < panels; p += 2) {
         const int two = p + 1 < panels;
         dp_q_rows_tile(g, a, lda, rs, (const char*)q->bp + p * pstride, pstride, two, acc);
         for (int h = 0; h <= two; h++)
-          dp_q_emit(g, (const int32_t*)(acc + h * DP_QMR * DP_QNR), obase, valid,
-                    (p + h) * DP_QNR, q, NULL);
+          dp_q_emit(g, acc + h * DP_QMR * DP_QNR, obase, valid, (p + h) * DP_QNR, q, NULL);
       }
     }
   }
@@ -1369,7 +1394,7 @@ static void dp_qgemm(const dp_qgeom* g, const void* x, const void* bp, const int
                      const float* mult, const float* off, const int32_t* zw, const void* res,
                      void* out) {
   const dp_qargs q = {bp, corr, mult, off, zw, (const uint16_t*)res, out};
-  if (dp_q_rows(g)) {
+  if (dp_q_rows(g, zw)) {
     dp_q_rowconv(g, x, &q);
     return;
   }

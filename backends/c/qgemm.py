@@ -72,9 +72,9 @@ def pack(spec: QGemmSpec, w, w_zp, bias, mult, offset, path: str) -> dict[str, n
     """The kernel's constant inputs for ``path``: ``w`` (packed), ``corr``, ``mult``, ``off``
     (each padded to whole panels) and, on the vnni path with non-zero weight zero points,
     ``zw``."""
-    wm = weight_matrix(spec, w).astype(np.int32)
+    wm = _by_window_rows(spec, weight_matrix(spec, w).astype(np.int32))
     k, n = wm.shape
-    kp, np_ = padded_k(path, k), -(-n // NR) * NR
+    kp, np_ = (k if spec.kseg else padded_k(path, k)), -(-n // NR) * NR
     zw = np.zeros(np_, np.int32)
     zw[:n] = w_zp
     corr = np.zeros(np_, np.int64)
@@ -116,19 +116,30 @@ ROWS_MAX_SEG = 32
 
 
 def rows_conv(spec: QGemmSpec) -> bool:
-    """Whether a bf16 convolution runs ``qgemm.h``'s ``dp_q_rowconv`` (its weight packed by
-    window rows, each row of ``kw * c`` inputs read in place from a padded copy): a few input
-    channels, a window of several rows, dilation 1, a dense channels-last input."""
+    """Whether a convolution's geometry suits ``qgemm.h``'s ``dp_q_rowconv`` (its weight packed
+    by window rows, each row of ``kw * c`` inputs read in place from a padded copy): a few
+    input channels, a window of several rows, dilation 1, a dense channels-last input."""
     c, s = spec.c, spec.x_strides
-    return (spec.kind == "bf16" and spec.algo == "gemm" and spec.kh > 1
+    return (spec.algo == "gemm" and spec.kh > 1
             and spec.kw * c <= ROWS_MAX_SEG and spec.dilation == (1, 1)
             and s[1:] == (spec.iw * c, c, 1)
             and (s[0] == spec.ih * spec.iw * c or spec.m == spec.oh * spec.ow))
 
 
-def row_segment(spec: QGemmSpec) -> int:
-    """k per window row as ``dp_q_rowconv`` packs it: ``kw * c`` rounded up to pairs."""
-    return -(-spec.kw * spec.c // 2) * 2
+def row_segment(spec: QGemmSpec, unit: int = 2) -> int:
+    """k per window row as ``dp_q_rowconv`` packs it: ``kw * c`` rounded up to pairs (bf16) or
+    quads (bytes, ``unit`` 4)."""
+    return -(-spec.kw * spec.c // unit) * unit
+
+
+def _by_window_rows(spec: QGemmSpec, wm: np.ndarray) -> np.ndarray:
+    """The [K, N] weight with each window row's ``kw * c`` rows padded with zeros to
+    ``spec.kseg`` (no change where ``kseg`` is 0)."""
+    if not spec.kseg:
+        return wm
+    rows = wm.reshape(spec.kh, spec.kw * spec.c, -1)
+    return np.pad(rows, [(0, 0), (0, spec.kseg - rows.shape[1]), (0, 0)]).reshape(
+        spec.kh * spec.kseg, -1)
 
 
 def pack_bf16(spec: QGemmSpec, w, bias, path: str = "bf16") -> dict[str, np.ndarray]:
@@ -136,11 +147,7 @@ def pack_bf16(spec: QGemmSpec, w, bias, path: str = "bf16") -> dict[str, np.ndar
     columns, zero-padded) and ``off`` (the float32 bias, padded to whole panels); ``path``
     ``bf16-amx`` pads k to whole AMX tile rows; a ``spec.kseg`` packs k by window rows, each
     ``kw * c`` long padded to ``kseg``."""
-    wm = np.asarray(weight_matrix(spec, w)).view(np.uint16)
-    if spec.kseg:
-        rows = wm.reshape(spec.kh, spec.kw * spec.c, -1)
-        wm = np.pad(rows, [(0, 0), (0, spec.kseg - rows.shape[1]), (0, 0)]).reshape(
-            spec.kh * spec.kseg, -1)
+    wm = _by_window_rows(spec, np.asarray(weight_matrix(spec, w)).view(np.uint16))
     k, n = wm.shape
     kp, np_ = (k if spec.kseg else padded_k(path, k)), -(-n // NR) * NR
     full = np.zeros((kp, np_), np.uint16)
@@ -180,12 +187,16 @@ def pack_kernel(k, step: dict, plan, target_path: str):
         # channels padded to 160 had every row copied first: 2x the time)
         path = "bf16-amx" if target_path == "amx" else "bf16"
         if path == "bf16" and rows_conv(st.spec):
-            st = dataclasses.replace(st, spec=dataclasses.replace(st.spec,
-                                                                  kseg=row_segment(st.spec)))
+            st = _with_rows(st, 2)
         packed = pack_bf16(st.spec, *[plan.constants[v] for v in step["inputs"][1:3]], path)
     else:
         arrays = [plan.constants[vid] for vid in step["inputs"][1:6]]
         path = kernel_path(st.spec, arrays[0], target_path)
+        # uint8 activations on vpdpbusd without weight zero points (no row sums): ResNet's
+        # stem 0.67 ms at 39% of the instruction's peak with im2col rows on 2 Zen 4 cores
+        if path == "vnni" and rows_conv(st.spec) and not st.spec.x_signed and \
+                not np.any(arrays[1]):
+            st = _with_rows(st, 4)
         packed = pack(st.spec, *arrays, path)
     inputs, vids = [k.inputs[0]], [step["inputs"][0]]
     for key, arr in packed.items():
@@ -204,6 +215,13 @@ def pack_kernel(k, step: dict, plan, target_path: str):
     spec = dataclasses.replace(st.spec, path=path)
     stage = dataclasses.replace(st, spec=spec, weights=tuple(packed))
     return dataclasses.replace(k, inputs=inputs, stages=[stage])
+
+
+def _with_rows(st: QGemmStage, unit: int) -> QGemmStage:
+    """``st`` packed by window rows (``dp_q_rowconv``), each ``kw * c`` long rounded up to
+    ``unit`` (2: bf16 pairs, 4: byte quads)."""
+    return dataclasses.replace(st, spec=dataclasses.replace(st.spec,
+                                                            kseg=row_segment(st.spec, unit)))
 
 
 def _post_inputs(spec: QGemmSpec, k, step: dict, plan, inputs: list, vids: list) -> dict:
