@@ -1300,12 +1300,14 @@ static inline int dp_q_nested(void) {
 /* ---- convolutions over a few channels (a stem: 3) without im2col rows (bf16, uint8) ----
    An im2col row of a 7 x 7 stem on 3 channels is 7 runs of 21 values: packing them cost about
    as much as the dot products (ResNet-50's stem at 258 GFLOP/s on 2 Zen 4 cores, the other
-   convolutions at 400-450). Here the input is copied once, zero-padded (channels-last bf16,
-   ihp x iwp pixels per image, padding past the last output's window included), and window
-   row ky of output pixel ox is the kw * c elements of padded row oy * sh + ky from pixel
-   ox * sw: six outputs of an output row read it in place, sw * c elements apart. The weight
-   is packed as a (kh * kseg) x n matrix, kseg = kw * c rounded up to pairs; where kw * c is
-   odd, the last pair's second element (the next pixel's first channel) meets a zero weight. */
+   convolutions at 400-450). Here the input is copied once, padded (channels-last, bf16
+   zeros or the uint8 zero point, ihp x iwp pixels per image, padding past the last output's
+   window included), and window row ky of output pixel ox is the kw * c elements of padded row
+   oy * sh + ky from pixel ox * sw: six outputs of an output row read it in place, sw * c
+   elements apart. The weight is packed as a (kh * kseg) x n matrix, kseg = kw * c rounded up
+   to pairs (bf16) or quads (bytes); the elements past kw * c that the last pair or quad
+   reads (the next pixels', one pixel of bf16, up to 3 bytes: the next row's or the buffer's
+   slack for one channel) meet zero weights. */
 static void dp_q_rows_tile(const dp_qgeom* g, const char* a, int64_t lda, int64_t rs,
                            const char* bpan, int64_t pstride, int two, int32_t* acc) {
   const int bf = g->path == 4;
@@ -1347,7 +1349,7 @@ static int dp_q_rows(const dp_qgeom* g, const int32_t* zw) {
 static void dp_q_rowconv(const dp_qgeom* g, const void* x, const dp_qargs* q) {
   const int64_t c = g->c, imgs = g->m / (g->oh * g->ow), blocks = (g->ow + DP_QMR - 1) / DP_QMR;
   const int64_t ihp = (g->oh - 1) * g->sh + g->kh;
-  const int64_t iwp = (blocks * DP_QMR - 1) * g->sw + g->kw + 1;  /* + the odd pair's reach */
+  const int64_t iwp = (blocks * DP_QMR - 1) * g->sw + g->kw + 1;  /* + a pixel: the pair's reach */
   const int64_t es = g->path == 4 ? 2 : 1;  /* bytes per input: bf16, uint8 */
   const int64_t rs = iwp * c * es, lda = g->sw * c * es, panels = g->np / DP_QNR;
   const int64_t pstride = g->kp * es / 4 * 64;  /* one panel's packed weight, bytes */
