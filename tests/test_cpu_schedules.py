@@ -102,6 +102,25 @@ def test_fitted_tile_wastes_least_padding():
     assert fitted_tile(49, 3072) == (7, 48)  # 7 full row tiles instead of 8 and one of 1 row
     assert fitted_tile(128, 768) == (8, 48)  # 16 full row tiles, 16 full column tiles
     assert fitted_tile(3136, 64) == (6, 64)  # large problems keep the default
+    # few rows, a narrower last panel of 32 columns: panels of 32 that divide the columns, up
+    # to 16 of them (more keep the wider tile)
+    assert fitted_tile(49, 512) == (7, 32)
+    assert fitted_tile(49, 320) == (7, 32)
+    assert fitted_tile(49, 2048) == (7, 48)
+    assert fitted_tile(196, 512) == (6, 64)
+
+
+def test_few_rows_take_panels_that_divide_the_columns():
+    # ResNet-50's 7 x 7 stage: 49 rows x 512 columns in 16 whole panels of 32 (no narrower last
+    # panel run as a second pass), with the bias and ReLU in the epilogue
+    nodes = [helper.make_node("Conv", ["x", "W", "b"], ["c"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [1, 64, 7, 7])],
+                       [("y", np.float32, [1, 512, 7, 7])],
+                       {"W": _w(512, 64, 3, 3), "b": _w(512)})
+    (tile,) = [s["gemm_tile"] for k in _schedules(model) for s in k if "gemm_tile" in s]
+    assert (tile["mr"], tile["nr"]) == (7, 32)
+    _check(model, (1, 64, 7, 7))
 
 
 def test_large_gemm_with_rows_outside_runs_in_row_blocks():
