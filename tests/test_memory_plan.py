@@ -67,3 +67,37 @@ def test_inplace_pairs_need_identity_reads():
     transposed = Kernel("k", [a], [o], [], [compute(o, lambda i, j: a[j, i] * 2)])
     assert inplace_pairs(same) == {0: 0}
     assert inplace_pairs(transposed) == {}
+
+
+def test_contraction_overwrites_its_residual_only_outside_the_sum():
+    # o = a @ w + res may be written over res (read at the point it writes, after the sum);
+    # o = (a + res) @ w may not (res read inside the sum, by every output column)
+    from deploy.graph_ir.types import DType
+    from deploy.tensor_ir.expr import R, Reduce
+    from deploy.tensor_ir.kernel import Buffer, Kernel, compute, reduce_vars
+    from deploy.tensor_ir.memory import inplace_pairs
+    f32 = DType.float32
+    a, w = Buffer("a", (32, 32), f32), Buffer("w", (32, 32), f32)
+    res, o = Buffer("res", (32, 32), f32), Buffer("o", (32, 32), f32)
+    rv = reduce_vars((32,))
+    (r,) = [v for v, _ in rv]
+    epilogue = compute(o, lambda i, j: Reduce(R.SUM, rv, a[i, r] * w[r, j], f32) + res[i, j])
+    inside = compute(o, lambda i, j: Reduce(R.SUM, rv, (a[i, r] + res[i, r]) * w[r, j], f32))
+    assert inplace_pairs(Kernel("k", [a, w, res], [o], [], [epilogue])) == {0: 2}
+    assert inplace_pairs(Kernel("k", [a, w, res], [o], [], [inside])) == {}
+
+
+def test_residual_block_writes_its_sum_over_the_residual():
+    # r = relu(x @ W0) feeds two kernels; the last, y = relu(relu(r @ W1) @ W2 + r), is r's
+    # last reader: its output takes r's memory (the register tile reads r[i, j] in the epilogue
+    # of the point it stores)
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("MatMul", ["x", "W0"], ["m0"]), helper.make_node("Relu", ["m0"], ["r"]),
+             helper.make_node("MatMul", ["r", "W1"], ["m1"]), helper.make_node("Relu", ["m1"], ["h"]),
+             helper.make_node("MatMul", ["h", "W2"], ["m2"]), helper.make_node("Add", ["m2", "r"], ["s"]),
+             helper.make_node("Relu", ["s"], ["t"]), helper.make_node("MatMul", ["t", "W3"], ["y"])]
+    inits = {f"W{k}": (rng.standard_normal((64, 64)) / 8).astype(np.float32) for k in range(4)}
+    model = make_model(nodes, [("x", np.float32, [96, 64])], [("y", np.float32, [96, 64])], inits)
+    art = deploy.compile(model)
+    assert len(art.manifest["memory"]["inplace"]) == 1
+    check_against_ort(model, {"x": rng.standard_normal((96, 64)).astype(np.float32)})
