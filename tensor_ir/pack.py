@@ -55,15 +55,16 @@ def pack_weights(kernel: Kernel, schedules: list[StageSchedule],
                 or j in set(walk(g.a)):  # depthwise: b is one short contiguous row per tap
             continue
         src = kernel.buffer(b.buf)
-        nb = -(-src.shape[-1] // g.nr)
+        width = g.panel or g.nr
+        nb = -(-src.shape[-1] // width)
         dtype = DType.float32 if widen else src.dtype
-        packed = Buffer(f"{b.buf}_p{g.nr}", (nb,) + src.shape[:-1] + (g.nr,), dtype)
-        new_load = Load(packed.name, (binary(B.FLOORDIV, j, g.nr),) + b.index[:-1]
-                        + (binary(B.MOD, j, g.nr),), dtype)
+        packed = Buffer(f"{b.buf}_p{width}", (nb,) + src.shape[:-1] + (width,), dtype)
+        new_load = Load(packed.name, (binary(B.FLOORDIV, j, width),) + b.index[:-1]
+                        + (binary(B.MOD, j, width),), dtype)
         stages[k] = dataclasses.replace(
             stage, body=transform(stage.body, lambda e, o=g.b, nl=new_load: nl if e == o else None))
         if all(p.packed.name != packed.name for p in packings):
-            packings.append(Packing(b.buf, packed, g.nr, widen))
+            packings.append(Packing(b.buf, packed, width, widen))
             inputs.append(packed)
     if not packings:
         return kernel, []
@@ -82,10 +83,10 @@ def _weight_load(b) -> tuple[Load | None, DType | None]:
     return None, None
 
 
-def tile_index(e, nr: int):
-    """Inside a tile whose column start ``jt_`` is a multiple of ``nr`` and offset ``jj_ < nr``:
-    (jt_ + jj_) // nr -> jt_ // nr and (jt_ + jj_) % nr -> jj_."""
-    jt, jj = Var("jt_"), Var("jj_")
+def tile_index(e, nr: int, jt: Var | None = None):
+    """Inside a tile whose column start ``jt`` (default ``jt_``) is a multiple of ``nr`` and
+    offset ``jj_ < nr``: (jt + jj_) // nr -> jt // nr and (jt + jj_) % nr -> jj_."""
+    jt, jj = jt or Var("jt_"), Var("jj_")
 
     def fn(x):
         if (getattr(x, "op", None) in (B.FLOORDIV, B.MOD) and getattr(x.b, "value", None) == nr

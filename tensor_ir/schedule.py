@@ -50,6 +50,8 @@ class GemmTile:
     b: Expr  # the operand read per j (a vector of nr values)
     cols_outer: bool = False  # loop over column tiles outside row tiles (b is the larger operand)
     row_block: int = 0  # rows outside: blocks of this many rows outside the column tiles (0: none)
+    panel: int = 0  # packed weight panels of this many columns, narrower than nr (0: nr)
+    nr_many: int = 0  # the tile's columns when MANY_THREADS or more threads run (0: nr always)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class StageSchedule:
                                 "nr": self.gemm.nr}
             if self.gemm.row_block:
                 out["gemm_tile"]["row_block"] = self.gemm.row_block
+            if self.gemm.nr_many:
+                out["gemm_tile"].update(panel=self.gemm.panel, nr_many=self.gemm.nr_many)
         return out
 
 
@@ -320,26 +324,31 @@ FITTED = [(6, 64), (8, 48), (7, 48)]
 def fitted_tile(ei: int, ej: int) -> tuple[int, int]:
     """The shape that wastes the least of its tiles on padding (a 49-row GEMM: 7 x 48 tiles
     instead of 8 full 6-row tiles and one of 1 row, which streams the weight panel as often
-    as a full one), less a small charge per extra operand load per FMA; ties keep 6 x 64.
-    A GEMM of few rows and at most 16 panels takes panels of 32 that divide its columns."""
+    as a full one), less a small charge per extra operand load per FMA; ties keep 6 x 64."""
     def score(shape):
         mr, nr = shape
         useful = (ei * ej) / (-(-ei // mr) * mr * -(-ej // nr) * nr)
         loads = (mr + nr // 16) / (mr * nr // 16)
         return useful - 0.3 * (loads - 10 / 24)
-    mr, nr = max(FITTED, key=score)
-    if ei <= FEW_ROWS and ej % nr and ej % 32 == 0 and ej // 32 <= 16:
-        return mr, 32
-    return mr, nr
+    return max(FITTED, key=score)
 
 
-# Few rows: the threads share (column panel, row tile) pairs, and a narrower last panel runs as
-# a second parallel pass over its row tiles. Where the pairs are few, panels of 32 columns that
-# divide the columns keep one pass and give each thread whole panels when the panel count is a
-# multiple of the threads (ResNet-50's 7 x 7 stage at batch 1: 16 panels of 512 columns, 7 row
-# tiles; on 16 Xeon cores its 3 x 3 convolutions went 0.52 -> 0.31 ms, the model 0.96 of
-# before). The narrower tile costs a core about a tenth of its rate, hence at most 16 panels.
+def few_rows_panels(ei: int, ej: int, nr: int) -> bool:
+    """Whether a GEMM of ``ei`` x ``ej`` outputs in tiles ``nr`` wide packs its weight in
+    panels of one vector (16 columns) and runs tiles 32 wide on many threads: few rows, a
+    narrower last tile, at most 16 tiles of 32 that divide the columns."""
+    return ei <= FEW_ROWS and ej % nr != 0 and ej % 32 == 0 and ej // 32 <= 16
+
+
+# Few rows: the threads share (column tile, row tile) pairs, and a narrower last column tile
+# runs as a second parallel pass. With the weight packed in panels of 16 columns, a tile of 48
+# reads three panels and one of 32 two, so the width is chosen at run time from the same
+# packed weight: 48 on fewer than MANY_THREADS threads, 32 on more, where 16 tiles of 32 give
+# 4, 8 or 16 threads whole tiles (ResNet-50's 7 x 7 stage at batch 1, 49 x 512 x 4608: on 16
+# Xeon cores 0.59 -> 0.36 ms with its weight from memory, a standalone C harness; 48-wide tiles
+# on 16-column panels ran as fast as on 48-column ones on one thread).
 FEW_ROWS = 64
+MANY_THREADS = 4
 
 
 def gemm_space(level: str, vector_bits: int = 512) -> list[tuple[int, int]]:
@@ -539,7 +548,11 @@ def _by_rules(stage: Stage, mr: int, nr: int, vector_bits: int,
                             PARALLEL_MIN_ROWS_WORK if rows else PARALLEL_MIN_WORK)
     g = sched.gemm
     if g is not None and vector_bits == 512 and stage.vars[g.j] not in _vars_in(g.a):
-        fit = fitted_tile(stage.extents[g.i], stage.extents[g.j])
+        ei, ej = stage.extents[g.i], stage.extents[g.j]
+        fit = fitted_tile(ei, ej)
         if fit != (mr, nr):
             sched = rule_gemm_tile(stage, *fit) or sched
+        g = sched.gemm
+        if few_rows_panels(ei, ej, g.nr):
+            sched = dataclasses.replace(sched, gemm=dataclasses.replace(g, panel=16, nr_many=32))
     return sched

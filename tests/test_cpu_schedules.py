@@ -6,10 +6,10 @@ from __future__ import annotations
 import deploy
 import numpy as np
 import pytest
-from deploy.tensor_ir.schedule import fitted_tile
+from deploy.tensor_ir.schedule import few_rows_panels, fitted_tile
 from onnx import helper
 
-from tests.util import check_against_ort, make_model
+from tests.util import check_against_ort, make_model, run_ort
 
 RNG = np.random.default_rng(5)
 
@@ -102,25 +102,32 @@ def test_fitted_tile_wastes_least_padding():
     assert fitted_tile(49, 3072) == (7, 48)  # 7 full row tiles instead of 8 and one of 1 row
     assert fitted_tile(128, 768) == (8, 48)  # 16 full row tiles, 16 full column tiles
     assert fitted_tile(3136, 64) == (6, 64)  # large problems keep the default
-    # few rows, a narrower last panel of 32 columns: panels of 32 that divide the columns, up
-    # to 16 of them (more keep the wider tile)
-    assert fitted_tile(49, 512) == (7, 32)
-    assert fitted_tile(49, 320) == (7, 32)
-    assert fitted_tile(49, 2048) == (7, 48)
-    assert fitted_tile(196, 512) == (6, 64)
+    # few rows and a narrower last tile: weights in one-vector panels, 32-wide tiles on many
+    # threads where at most 16 of them divide the columns
+    assert few_rows_panels(49, 512, 48) and few_rows_panels(49, 320, 48)
+    assert not few_rows_panels(49, 2048, 48)  # more than 16 tiles of 32
+    assert not few_rows_panels(49, 768, 48)  # whole tiles already
+    assert not few_rows_panels(196, 512, 64)  # many rows
 
 
-def test_few_rows_take_panels_that_divide_the_columns():
-    # ResNet-50's 7 x 7 stage: 49 rows x 512 columns in 16 whole panels of 32 (no narrower last
-    # panel run as a second pass), with the bias and ReLU in the epilogue
+@pytest.mark.parametrize("threads", [1, 4])
+def test_few_rows_choose_their_tile_width_at_run_time(threads, tmp_path):
+    # ResNet-50's 7 x 7 stage: 49 rows x 512 columns, the weight in panels of 16 columns; 7 x 48
+    # tiles (and a 32-wide last one) on few threads, 16 tiles of 32 on 4 or more, both from the
+    # same packed weight, with the bias and ReLU in the epilogue
     nodes = [helper.make_node("Conv", ["x", "W", "b"], ["c"], kernel_shape=[3, 3], pads=[1] * 4),
              helper.make_node("Relu", ["c"], ["y"])]
     model = make_model(nodes, [("x", np.float32, [1, 64, 7, 7])],
                        [("y", np.float32, [1, 512, 7, 7])],
                        {"W": _w(512, 64, 3, 3), "b": _w(512)})
-    (tile,) = [s["gemm_tile"] for k in _schedules(model) for s in k if "gemm_tile" in s]
-    assert (tile["mr"], tile["nr"]) == (7, 32)
-    _check(model, (1, 64, 7, 7))
+    art = deploy.compile(model)
+    (tile,) = [s["gemm_tile"] for k in art.manifest["kernels"] for s in k["schedule"]
+               if "gemm_tile" in s]
+    assert (tile["mr"], tile["nr"], tile["panel"], tile["nr_many"]) == (7, 48, 16, 32)
+    x = _w(1, 64, 7, 7)
+    (ours,) = deploy.load(art.save(tmp_path / "m.dpk"), threads=threads).run({"x": x})
+    (ref,) = run_ort(model, {"x": x})
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_large_gemm_with_rows_outside_runs_in_row_blocks():

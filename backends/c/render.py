@@ -7,6 +7,7 @@ float, computed in float and rounded once on store.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from ...tensor_ir.pack import tile_index
 from ...tensor_ir.qgemm import QGemmStage
 from ...tensor_ir.schedule import (
     HALF_SUM_ROW,
+    MANY_THREADS,
     PARALLEL_MIN_ROWS_WORK,
     PARALLEL_MIN_WORK,
     StageSchedule,
@@ -318,15 +320,26 @@ class CRenderer:
 
     def _stage_gemm(self, st: Stage, out: Buffer, sched: StageSchedule) -> list[str]:
         """Register-blocked contraction (see ``schedule.GemmTile``): full mr x nr tiles keep their
-        accumulators in registers; leftover columns and rows take a per-point path."""
+        accumulators in registers; leftover columns and rows take a per-point path. A tile
+        with ``nr_many`` columns on many threads is rendered both ways, chosen at run time."""
         g = sched.gemm
+        if not g.nr_many:
+            return self._gemm_nest(st, out, sched, g)
+        many = dataclasses.replace(g, nr=g.nr_many, nr_many=0)
+        return ([f"  if (omp_get_max_threads() >= {MANY_THREADS}) {{"]
+                + self._gemm_nest(st, out, sched, many) + ["  } else {"]
+                + self._gemm_nest(st, out, sched, g) + ["  }"])
+
+    def _gemm_nest(self, st: Stage, out: Buffer, sched: StageSchedule, g) -> list[str]:
         red = single_sum(st, narrow_out=True)
         vi, vj = st.vars[g.i], st.vars[g.j]
         ei, ej = st.extents[g.i], st.extents[g.j]
         ei_full = ei - ei % g.mr
         outer = [k for k in range(len(st.vars)) if k not in (g.i, g.j)]
         tile = {vi: Var("it_") + Var("ii_"), vj: Var("jt_") + Var("jj_")}
-        a, b = substitute(g.a, tile), tile_index(substitute(g.b, tile), g.nr)
+        a, b = substitute(g.a, tile), substitute(g.b, tile)
+        if not g.panel:  # (panels narrower than the tile: each vector finds its own, below)
+            b = tile_index(b, g.nr)
         acc = Var("acc_[ii_][jj_]", red.dtype)
         epi = substitute(transform(st.body, lambda e: acc if e == red else None), tile)
         ctype = compute_type(red.dtype)
@@ -347,7 +360,7 @@ class CRenderer:
             # extent's leftover rows or columns run as tiles of 4, 2, 1 ..., each if it fits)
             if not order:
                 lines.extend(self._gemm_tile(red, a, b, epi, out, st, tile, ctype, size["i"],
-                                             size["j"], ind))
+                                             size["j"], ind, g.panel))
                 return
             if split and len(order) == 2 and collapsible(order):
                 collapsed(order, ind)
@@ -448,9 +461,10 @@ class CRenderer:
         self._close_loops(lines, depth)
         return ["  {"] + lines + ["  }"]
 
-    def _gemm_tile(self, red, a, b, epi, out, st, tile, ctype, mr, nr, ind) -> list[str]:
+    def _gemm_tile(self, red, a, b, epi, out, st, tile, ctype, mr, nr, ind,
+                   panel: int = 0) -> list[str]:
         if ctype == "float" and nr % self.vl == 0:
-            return self._gemm_tile_vec(red, a, b, epi, out, st, tile, mr, nr, ind)
+            return self._gemm_tile_vec(red, a, b, epi, out, st, tile, mr, nr, ind, panel=panel)
         if ctype == "float" and self._padded_panel(b, nr) and Var("jj_") not in set(walk(a)):
             # a narrow last tile over a zero-padded weight panel: whole vectors, fewer stores
             return self._gemm_tile_vec(red, a, b, epi, out, st, tile, mr,
@@ -494,29 +508,24 @@ class CRenderer:
                 and self.buffers[b.buf].shape[-1] >= -(-nr // self.vl) * self.vl)
 
     def _gemm_tile_vec(self, red, a, b, epi, out, st, tile, mr, nr, ind,
-                       store: int | None = None) -> list[str]:
+                       store: int | None = None, panel: int = 0) -> list[str]:
         """The same tile with explicit vector accumulators (GCC vector extensions), so the
         compiler keeps all mr x nr/vl of them in registers. ``store``: how many of the nr
         columns are real (the rest read a panel's zero padding and are dropped). An ``a``
         operand that reads along the columns too (depthwise: one channel per column) loads a
-        vector per row instead of broadcasting one value."""
+        vector per row instead of broadcasting one value. ``panel``: ``b`` reads a weight
+        packed in panels of one vector, each of the tile's vectors from its own."""
         nv = nr // self.vl
         lines = [f"{ind}dp_f32x{self.vl} " + ", ".join(f"c{i}_{v} = {{0}}" for i in range(mr)
                                                 for v in range(nv)) + ";"]
         rvars = [v for v, _ in red.vars]
         depth = self._open_loops(lines, rvars, [n for _, n in red.vars], 0, ind)
         inner = ind + "  " * depth
-        base, wide = self._vector_base(b, lines, inner)
-        if base is None:
-            lines.append(f"{inner}float bv_[{nr}];")
-            lines.append(f"{inner}for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")
-            lines.append(f"{inner}  bv_[jj_] = {self.expr(b, lines, inner + '  ')};")
-            lines.append(f"{inner}}}")
-            base = "bv_"
-        for v in range(nv):
-            lines.append(f"{inner}const dp_f32x{self.vl} b{v} = "
-                         f"dp_load{self.vl}{wide}({base} + {v * self.vl});")
-        lines += self._prefetch_next_panel(b, mr, lines, inner)
+        if panel:
+            lines += self._panel_loads(b, mr, nr, lines, inner)
+        else:
+            lines += self._vector_loads(b, nr, lines, inner)
+            lines += self._prefetch_next_panel(b, mr, lines, inner)
         row_vectors = Var("jj_") in set(walk(a))
         for i in range(mr):
             ai = substitute(a, {Var("ii_"): Const(i, DType.int64)})
@@ -543,6 +552,39 @@ class CRenderer:
         lines.append(f"{ind}  {target} = {self._stored(out.dtype, self.expr(epi, lines, ind), epi)};")
         lines.append(f"{ind}}}")
         return lines
+
+    def _vector_loads(self, b, nr, lines, ind) -> list[str]:
+        """``b0``, ``b1`` ...: the tile's vectors of ``b`` at this reduction step."""
+        out = []
+        base, wide = self._vector_base(b, lines, ind)
+        if base is None:
+            out.append(f"{ind}float bv_[{nr}];")
+            out.append(f"{ind}for (int jj_ = 0; jj_ < {nr}; ++jj_) {{")
+            out.append(f"{ind}  bv_[jj_] = {self.expr(b, lines, ind + '  ')};")
+            out.append(f"{ind}}}")
+            base = "bv_"
+        return out + [f"{ind}const dp_f32x{self.vl} b{v} = "
+                      f"dp_load{self.vl}{wide}({base} + {v * self.vl});"
+                      for v in range(nr // self.vl)]
+
+    def _panel_loads(self, b, mr, nr, lines, ind) -> list[str]:
+        """The vectors of a tile over one-vector panels (``b`` reads ``w[(jt_ + jj_) / vl, ..,
+        (jt_ + jj_) % vl]``): vector v from the panel of column jt_ + v * vl; then one cache
+        line of the next tile's panels per reduction step, a different panel in each
+        successive row tile (as ``_prefetch_next_panel``)."""
+        vl, nv = self.vl, nr // self.vl
+        cols = self.buffers[b.buf].shape[0] * vl
+
+        def vector(first: Expr) -> str:
+            jv = Var("jtv_")
+            e = substitute(tile_index(substitute(b, {Var("jt_"): jv}), vl, jv), {jv: first})
+            return self._contiguous_base(e, lines, ind)
+        jt, n64 = Var("jt_"), DType.int64
+        out = [f"{ind}const dp_f32x{vl} b{v} = dp_load{vl}({vector(jt + Const(v * vl, n64))});"
+               for v in range(nv)]
+        turn = binary(B.MOD, binary(B.FLOORDIV, Var("it_"), Const(mr, n64)), Const(nv, n64))
+        nxt = binary(B.MOD, jt + Const(nr, n64) + turn * Const(vl, n64), Const(cols, n64))
+        return out + [f"{ind}__builtin_prefetch({vector(nxt)}, 0, 2);"]
 
     def _prefetch_next_panel(self, b, mr, lines, ind) -> list[str]:
         """One cache line of the next column panel per reduction step, a different line of
