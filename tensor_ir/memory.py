@@ -43,6 +43,11 @@ def inplace_pairs(kernel: Kernel) -> dict[int, int]:
         if len(writers) != 1 or writers[0].store_index is not None or writers[0].accumulate:
             continue
         st = writers[0]
+        if getattr(st, "spec", None) is not None:  # a packed contraction's template
+            at = _template_residual(kernel, st, out)
+            if at is not None and at not in pairs.values():
+                pairs[o] = at
+            continue
         if st.extents != _shape(kernel, st.out, out.shape) or not _pointwise(st):
             continue
         for i, inp in enumerate(kernel.inputs):
@@ -67,6 +72,21 @@ def _pointwise(st: Stage) -> bool:
         return True
     from .schedule import hinted, rule_gemm_tile  # (schedule imports the IR this one does)
     return type(st) is Stage and rule_gemm_tile(hinted(st)) is not None
+
+
+def _template_residual(kernel: Kernel, st: Stage, out) -> int | None:
+    """The residual input a CPU packed contraction (bf16 dot products, float32 or bf16
+    Winograd: ``QGemmStage``) adds in its epilogue, where the C templates read it at each output
+    point just before they store that point (``qgemm.h`` ``dp_b_store``, ``winograd.h``
+    ``dp_w_out_tile``), when nothing else reads it and it has the output's shape and type."""
+    at = st.residual_input if st.spec.kind in ("bf16", "fp32") else None
+    if at is None or st.spec.algo not in ("gemm", "winograd") or at >= len(kernel.inputs):
+        return None
+    res = kernel.inputs[at]
+    others = [x for other in kernel.stages if other is not st
+              for n in _names(kernel, res.name) for x in _loads(other, n)]
+    same = res.shape == out.shape and res.dtype is out.dtype
+    return at if same and not others and len(_names(kernel, res.name)) == 1 else None
 
 
 def _read_at_its_point(kernel: Kernel, st: Stage, inp) -> bool:

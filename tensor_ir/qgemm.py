@@ -100,6 +100,14 @@ class QGemmStage(Stage):
     def flops(self) -> int:
         return 2 * self.spec.batch * self.spec.m * self.spec.n * self.spec.k
 
+    @property
+    def residual_input(self) -> int | None:
+        """The kernel input position of the residual its epilogue adds (a bf16 or float32
+        stage's fourth input, an int8 QConv's seventh), or None."""
+        if not self.spec.residual or self.spec.post:
+            return None
+        return 6 if self.spec.kind == "int8" else 3
+
 
 def _strides(shape) -> tuple[int, ...]:
     out, acc = [], 1

@@ -131,6 +131,20 @@ def test_conv_residual_epilogue(target, act):
                    for k in art.manifest["kernels"])
 
 
+def test_residual_block_writes_over_its_residual(target):
+    # the shortcut's output (a bf16 intermediate) is read last by the block's convolution,
+    # whose epilogue adds it at each point it stores: the output takes its memory; a 1 x 1
+    # convolution after the block keeps that output inside the arena
+    from onnx import numpy_helper
+    model, feed = _conv_model(64, 64, (8, 8), 1, residual=True)
+    w2 = (RNG.standard_normal((64, 64, 1, 1)) / 8).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(w2, "w2"))
+    model.graph.node.append(helper.make_node("Conv", ["out", "w2"], ["final"], kernel_shape=[1, 1]))
+    model.graph.output[0].name = "final"
+    art = _check(model, feed, target, expect=3)
+    assert len(art.manifest["memory"]["inplace"]) == 1
+
+
 @pytest.mark.parametrize("k,n", [(64, 40), (66, 20)])
 def test_matmul_bias_relu(target, k, n):
     w = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)

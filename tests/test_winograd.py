@@ -15,6 +15,7 @@ import pytest
 from deploy.backends.c.winograd import transform_weight
 from deploy.errors import TargetError
 from deploy.targets.target import host_isa, load_target
+from onnx import numpy_helper
 
 from .util import helper, make_model, run_ort
 
@@ -91,6 +92,24 @@ def test_residual_block(c, hw, batch, act, tile):
     assert all(f"PackedConv winograd F({tile[1:]}) " in n for n in _winograd_notes(art))
     # conv_b, the add and the activation are one kernel: no elementwise kernel is left
     assert not [k for k in art.manifest["kernels"] if k["note"].startswith("elementwise: Add")]
+
+
+def test_residual_block_writes_over_its_residual():
+    # a residual that is an intermediate (a 1 x 1 convolution's output, read by the first
+    # 3 x 3 convolution and by the second one's epilogue) dies at the second convolution,
+    # whose output takes its memory: the output transform reads each point's residual just
+    # before it stores the point; a 1 x 1 convolution after the block keeps that output
+    # inside the arena
+    model, feed = _block(32, (14, 14))
+    model.graph.input[0].name = "x0"
+    model.graph.initializer.extend([numpy_helper.from_array(_w(32, 32, 1), "w0"),
+                                    numpy_helper.from_array(_w(16, 32, 1), "w2")])
+    model.graph.node.insert(0, helper.make_node("Conv", ["x0", "w0"], ["x"], kernel_shape=[1, 1]))
+    model.graph.node.append(helper.make_node("Conv", ["out", "w2"], ["final"],
+                                             kernel_shape=[1, 1]))
+    model.graph.output[0].name = "final"
+    art = _check(model, {"x0": feed["x"]}, expect=2)
+    assert len(art.manifest["memory"]["inplace"]) == 1
 
 
 @pytest.mark.parametrize("c,n,hw,pad,batch", [

@@ -205,8 +205,8 @@ def pack_kernel(k, step: dict, plan, target_path: str):
         vids.append(plan.new_constant(arr, buf))
     if st.spec.post:
         packed = dict(packed, **_post_inputs(st.spec, k, step, plan, inputs, vids))
-    elif st.spec.residual:  # (a bf16 stage's fourth input, an int8 QConv's seventh)
-        at = 6 if st.spec.kind == "int8" else 3
+    elif st.spec.residual:
+        at = st.residual_input
         res = k.inputs[at]
         inputs.append(Buffer("qres", res.shape, res.dtype))
         vids.append(step["inputs"][at])
