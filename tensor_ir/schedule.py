@@ -529,7 +529,7 @@ def default_schedule(kernel: Kernel, overrides: dict[int, dict] | None = None,
         if tuned and "mr" in tuned:
             sched = rule_gemm_tile(stage, tuned["mr"], tuned["nr"])
             if sched is not None:
-                out.append(sched)
+                out.append(_few_row_panels(stage, sched, vector_bits))
                 continue
         out.append(_by_rules(stage, mr, nr, vector_bits, rows))
     return out
@@ -548,11 +548,17 @@ def _by_rules(stage: Stage, mr: int, nr: int, vector_bits: int,
                             PARALLEL_MIN_ROWS_WORK if rows else PARALLEL_MIN_WORK)
     g = sched.gemm
     if g is not None and vector_bits == 512 and stage.vars[g.j] not in _vars_in(g.a):
-        ei, ej = stage.extents[g.i], stage.extents[g.j]
-        fit = fitted_tile(ei, ej)
+        fit = fitted_tile(stage.extents[g.i], stage.extents[g.j])
         if fit != (mr, nr):
             sched = rule_gemm_tile(stage, *fit) or sched
-        g = sched.gemm
-        if few_rows_panels(ei, ej, g.nr):
-            sched = dataclasses.replace(sched, gemm=dataclasses.replace(g, panel=16, nr_many=32))
-    return sched
+    return _few_row_panels(stage, sched, vector_bits)
+
+
+def _few_row_panels(stage: Stage, sched: StageSchedule, vector_bits: int) -> StageSchedule:
+    """``sched`` with one-vector weight panels and the tile width chosen at run time where
+    ``few_rows_panels`` says so (AVX-512 tiles over a weight, a default or a tuned shape)."""
+    g = sched.gemm
+    if g is None or vector_bits != 512 or stage.vars[g.j] in _vars_in(g.a) or \
+            not few_rows_panels(stage.extents[g.i], stage.extents[g.j], g.nr):
+        return sched
+    return dataclasses.replace(sched, gemm=dataclasses.replace(g, panel=16, nr_many=32))

@@ -130,6 +130,27 @@ def test_few_rows_choose_their_tile_width_at_run_time(threads, tmp_path):
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4)
 
 
+def test_tuned_few_row_tiles_keep_their_run_time_width():
+    # a tuned 7 x 48 shape on 49 x 512 outputs is the rule's case too; 7 x 64 divides them
+    from deploy.graph_ir.types import DType
+    from deploy.tensor_ir.expr import R, Reduce
+    from deploy.tensor_ir.kernel import Buffer, Kernel, compute, reduce_vars
+    from deploy.tensor_ir.schedule import default_schedule
+    f32 = DType.float32
+    a, w, o = Buffer("a", (49, 64), f32), Buffer("w", (64, 512), f32), Buffer("o", (49, 512), f32)
+    rv = reduce_vars((64,))
+    (r,) = [v for v, _ in rv]
+    kernel = Kernel("k", [a, w], [o], [], [compute(o, lambda i, j: Reduce(R.SUM, rv,
+                                                                         a[i, r] * w[r, j], f32))])
+    rule = default_schedule(kernel)[0].gemm
+    tuned = default_schedule(kernel, {0: {"mr": 7, "nr": 48}})[0].gemm
+    wide = default_schedule(kernel, {0: {"mr": 7, "nr": 64}})[0].gemm
+    assert (rule.nr, rule.panel, rule.nr_many) == (48, 16, 32)
+    assert (tuned.nr, tuned.panel, tuned.nr_many) == (48, 16, 32)
+    assert (wide.nr, wide.panel, wide.nr_many) == (64, 0, 0)
+    assert default_schedule(kernel, vector_bits=256)[0].gemm.panel == 0
+
+
 def test_large_gemm_with_rows_outside_runs_in_row_blocks():
     # 400 x 1024 @ 1024 x 320 (1.3 MB of weights, more rows than columns): blocks of rows, each
     # weight panel streamed once per block instead of once per row tile
