@@ -130,6 +130,22 @@ def test_few_rows_choose_their_tile_width_at_run_time(threads, tmp_path):
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+def test_few_rows_with_a_symbolic_batch(threads, tmp_path):
+    # the same convolution over a batch of N images: the rule sees the hint (49 rows), the
+    # tiles run over N * 49 rows at either width
+    nodes = [helper.make_node("Conv", ["x", "W", "b"], ["c"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, ["N", 64, 7, 7])],
+                       [("y", np.float32, ["N", 512, 7, 7])],
+                       {"W": _w(512, 64, 3, 3), "b": _w(512)})
+    mod = deploy.load(deploy.compile(model).save(tmp_path / "m.dpk"), threads=threads)
+    for n in (1, 3):
+        x = _w(n, 64, 7, 7)
+        np.testing.assert_allclose(mod.run({"x": x})[0], run_ort(model, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-4)
+
+
 def test_tuned_few_row_tiles_keep_their_run_time_width():
     # a tuned 7 x 48 shape on 49 x 512 outputs is the rule's case too; 7 x 64 divides them
     from deploy.graph_ir.types import DType
