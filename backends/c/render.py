@@ -338,8 +338,10 @@ class CRenderer:
         outer = [k for k in range(len(st.vars)) if k not in (g.i, g.j)]
         tile = {vi: Var("it_") + Var("ii_"), vj: Var("jt_") + Var("jj_")}
         a, b = substitute(g.a, tile), substitute(g.b, tile)
-        if not g.panel:  # (panels narrower than the tile: each vector finds its own, below)
+        if not (g.panel and _packed(g.b, g.panel)):
+            g = dataclasses.replace(g, panel=0)  # (a run-time b: read as it is laid out)
             b = tile_index(b, g.nr)
+        # (else panels narrower than the tile: each vector finds its own, _panel_loads)
         acc = Var("acc_[ii_][jj_]", red.dtype)
         epi = substitute(transform(st.body, lambda e: acc if e == red else None), tile)
         ctype = compute_type(red.dtype)
@@ -874,6 +876,13 @@ def bf16_exact(e: Expr) -> bool:
 
 
 ROW_CHUNK = 64  # a reduce-outer row's channels per thread, where the row alone is split
+
+
+def _packed(b: Expr, width: int) -> bool:
+    """Whether a tile's ``b`` reads a weight packed in panels of ``width`` columns
+    (``pack.py``: ``w[j // width, ..., j % width]``)."""
+    return isinstance(b, Load) and len(b.index) > 1 and isinstance(b.index[0], Binary) and \
+        b.index[0].op is B.FLOORDIV and b.index[0].b == Const(width, DType.int64)
 
 
 def _row_index(vars_, extents) -> str:
