@@ -120,10 +120,14 @@ def test_few_rows_choose_their_tile_width_at_run_time(threads, tmp_path):
     model = make_model(nodes, [("x", np.float32, [1, 64, 7, 7])],
                        [("y", np.float32, [1, 512, 7, 7])],
                        {"W": _w(512, 64, 3, 3), "b": _w(512)})
-    art = deploy.compile(model)
+    art = deploy.compile(model, dump_dir=str(tmp_path / "dump"))
     (tile,) = [s["gemm_tile"] for k in art.manifest["kernels"] for s in k["schedule"]
                if "gemm_tile" in s]
     assert (tile["mr"], tile["nr"], tile["panel"], tile["nr_many"]) == (7, 48, 16, 32)
+    # each vector loads from its own panel (no per-column gather into a row buffer)
+    src = (tmp_path / "dump" / "kernels.c").read_text()
+    assert "omp_get_max_threads() >= 4" in src and "bv_[jj_]" not in src
+    assert src.count("/ 16))*") >= 9  # b0 b1 b2 and the prefetch; b0 b1 and the prefetch twice
     x = _w(1, 64, 7, 7)
     (ours,) = deploy.load(art.save(tmp_path / "m.dpk"), threads=threads).run({"x": x})
     (ref,) = run_ort(model, {"x": x})
