@@ -76,10 +76,11 @@ def _pointwise(st: Stage) -> bool:
 
 def _template_residual(kernel: Kernel, st: Stage, out) -> int | None:
     """The residual input a CPU packed contraction (bf16 dot products, float32 or bf16
-    Winograd: ``QGemmStage``) adds in its epilogue, where the C templates read it at each output
-    point just before they store that point (``qgemm.h`` ``dp_b_store``, ``winograd.h``
-    ``dp_w_out_tile``), when nothing else reads it and it has the output's shape and type."""
-    at = st.residual_input if st.spec.kind in ("bf16", "fp32") else None
+    Winograd, an int8 QConv with a residual: ``QGemmStage``, CPU targets only) adds in its
+    epilogue, where the C templates read it at each output point just before they store that
+    point (``qgemm.h`` ``dp_b_store`` / ``dp_q_store``, ``winograd.h`` ``dp_w_out_tile``), when
+    nothing else reads it and it has the output's shape and type."""
+    at = st.residual_input
     if at is None or st.spec.algo not in ("gemm", "winograd") or at >= len(kernel.inputs):
         return None
     res = kernel.inputs[at]

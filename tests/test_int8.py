@@ -355,6 +355,8 @@ def test_residual_add_in_the_convolution_epilogue(act, relu, n):
     notes = [k.get("note", "") for k in art.manifest["kernels"]]
     # quantize x, the shortcut's QConv, the QConv with the add, dequantize the output
     assert len(notes) == 4 and any("QConv" in n and "_res" in n for n in notes), notes
+    # the shortcut's bytes die in the epilogue that adds them: the output takes their memory
+    assert len(art.manifest["memory"]["inplace"]) == 1
     ours, ref = art.load().run({"x": x})[0], run_ort(model, {"x": x})[0]
     diff = np.abs(ours - ref)
     assert diff.max() <= so * 1.01, f"max diff {diff.max()} > one step {so}"
