@@ -83,8 +83,11 @@ def _fixed_ops() -> list:
       optional as None or the value itself;
     - ``Loop`` stacks scan outputs with ``np.vstack``: N scalars come out [N, 1] and N [a, b]
       matrices [N*a, b] instead of [N] and [N, a, b] (the same elements in the same order, so
-      a reshape to [N, *element shape] corrects it); and an omitted condition stops it before
-      the first iteration instead of counting as true.
+      a reshape to [N, *element shape] corrects it); an omitted condition stops it before
+      the first iteration instead of counting as true; and a loop that runs no iteration (a
+      trip count of 0, a false condition) fails stacking no scan values, where ONNX Runtime
+      returns the initial values and empty scan outputs, [0, *element shape] (the body's
+      declared shape, unknown sizes 0).
     """
     from onnx.reference import op_run, ops  # (ops imports every op module: op_loop too)
 
@@ -100,6 +103,8 @@ def _fixed_ops() -> list:
         def _run(self, M, cond, *args, **kwargs):
             if cond is None:  # an omitted condition is true
                 cond = np.array(True)
+            if not bool(cond) or M is not None and int(M) <= 0:
+                return tuple(list(args[:self.N]) + [self._no_scans(k) for k in range(self.K)])
             shapes, body = [], self._run_body  # (set per instance: the body's evaluator)
 
             def recording(inputs, **kw):
@@ -116,6 +121,15 @@ def _fixed_ops() -> list:
                 res[self.N + k] = np.asarray(res[self.N + k]).reshape((len(shapes),
                                                                         *shapes[0][k]))
             return tuple(res)
+
+        def _no_scans(self, k: int) -> np.ndarray:
+            """Scan output ``k`` of a loop that ran no iteration."""
+            import onnx
+            body = next(a.g for a in self.onnx_node.attribute if a.name == "body")
+            tt = body.output[1 + self.N + k].type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim] \
+                if tt.HasField("shape") else []
+            return np.empty((0, *dims), onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
 
     return [Optional, Loop]
 

@@ -180,6 +180,31 @@ def test_loop_with_a_run_time_trip_count(rng):
                     "step": rng.standard_normal((2, 3), dtype=F32)} for m in (1, 4, 2)])
 
 
+def test_loop_that_runs_no_iteration(rng):
+    # a trip count of 0 or a false condition: the initial values come out, and each scan output
+    # is empty, [0, *the body's declared shape] as ONNX Runtime gives it, read by a kernel after
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]),
+         helper.make_node("Mul", ["acc", "two"], ["acc_out"]),
+         helper.make_node("Identity", ["acc_out"], ["scan"])],
+        "body", [helper.make_tensor_value_info("i", helper.TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond", helper.TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("acc", helper.TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("cond_out", helper.TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", helper.TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("scan", helper.TensorProto.FLOAT, [2])],
+        initializer=[helper.make_tensor("two", helper.TensorProto.FLOAT, [], [2.0])])
+    nodes = [helper.make_node("Loop", ["M", "c", "x"], ["last", "scans"], body=body),
+             helper.make_node("Neg", ["scans"], ["y"])]
+    model = make_model(nodes, [("M", I64, ()), ("c", np.bool_, ()), ("x", F32, (2,))],
+                       [("last", F32, None), ("y", F32, None)])
+    mod = _check(model, [{"M": np.array(m, I64), "c": np.array(c),
+                          "x": rng.standard_normal(2, dtype=F32)}
+                         for m, c in ((3, True), (0, True), (3, False), (1, True))])
+    outs = mod.run({"M": np.array(0, I64), "c": np.array(True), "x": np.ones(2, F32)})
+    assert outs[1].shape == (0, 2) and np.array_equal(outs[0], np.ones(2, F32))
+
+
 def test_squeezing_a_run_time_size_checks_that_it_is_one(rng):
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="r"),
              helper.make_node("Squeeze", ["r", "axis"], ["s"]),
