@@ -143,8 +143,8 @@ def compile(model, target: str | Target = "host", shapes: dict | None = None,
             new = [s for s in e.symbols if s not in bound]
             if not new:
                 raise
-            for s in new:
-                bound[s] = _bound_value(s, ranges)
+            for s in new:  # (at least the low end the shapes inferred: a window must fit)
+                bound[s] = _bound_value(s, {**ranges, **ctx.ranges})
                 reasons[s] = str(e)
             continue
         if reasons:

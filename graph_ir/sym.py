@@ -299,12 +299,13 @@ def free_symbols(x) -> set[str]:
 # ---- division, modulo, min, max --------------------------------------------------------------
 
 def exact_div(a, b) -> int | Sym | None:
-    """``a / b`` when it divides term by term (b a single term), else None."""
+    """``a / b`` when it divides term by term (b a single term), or when ``a`` is a single
+    term times ``b`` (``16 + 16*x*y`` by ``1 + x*y``: 16), else None."""
     if not isinstance(a, Sym) and not isinstance(b, Sym):
         return a // b if b and a % b == 0 else None
     b = _lift(b)
     if len(b.terms) != 1:
-        return Sym.make({(): 1}) if _lift(a) == b else None
+        return _proportional(_lift(a), b)
     (bm, bc), = b.terms
     out = {}
     for m, c in _lift(a).terms:
@@ -319,12 +320,25 @@ def exact_div(a, b) -> int | Sym | None:
     return Sym.make(out)
 
 
+def _proportional(a: Sym, b: Sym) -> int | Sym | None:
+    """``q`` with ``a == q * b`` for a single term ``q`` (``b`` of several terms), else None."""
+    lead = Sym({b.terms[0][0]: b.terms[0][1]})
+    for m, c in a.terms:
+        q = exact_div(Sym({m: c}), lead)
+        if q is not None and _lift(q) * b == a:
+            return q
+    return None
+
+
 def floordiv(a, b):
     if not isinstance(a, Sym) and not isinstance(b, Sym):
         return a // b
     q = exact_div(a, b)
     if q is not None:
         return q
+    inner = _floordiv_atom(a)
+    if inner is not None and not isinstance(b, Sym) and b > 0:  # (x // c) // b = x // (c * b)
+        return floordiv(inner[0], inner[1] * b)
     if not isinstance(b, Sym) and b > 0:
         # split off the terms b divides: (b*x + r) // b = x + r // b for x >= 0 parts
         whole, rest = {}, {}
@@ -337,6 +351,17 @@ def floordiv(a, b):
         if lo is not None and hi is not None and lo // b == hi // b:
             return lo // b
     return Sym.atom(Op("floordiv", (a, b)))
+
+
+def _floordiv_atom(a) -> tuple | None:
+    """(x, c) where ``a`` is exactly ``x // c`` for a positive constant ``c``, else None."""
+    if not isinstance(a, Sym) or len(a.terms) != 1:
+        return None
+    (m, c), = a.terms
+    if c != 1 or len(m) != 1 or isinstance(m[0], str) or m[0].kind != "floordiv":
+        return None
+    x, d = m[0].args
+    return (x, d) if not isinstance(d, Sym) and d > 0 else None
 
 
 def mod(a, b):
@@ -443,6 +468,34 @@ def _decide(diff, at_least: int, what: str) -> bool:
     if hi is not None and hi < at_least:
         return False
     raise SymbolicError(f"whether {what} depends on the sizes", free_symbols(diff))
+
+
+def require_at_least(x, minimum: int, what: str) -> None:
+    """Sizes that make ``x`` (nondecreasing in its one symbol: a window's output extent) less
+    than ``minimum`` are not valid inputs: raise the low end of that symbol's range to the
+    least size that gives ``minimum``, so that later decisions may count on it and the
+    artifact refuses the smaller sizes (``Conv`` with a 3-wide window over a ``seq`` axis:
+    ``seq >= 3``). Does nothing for a fixed ``x``, several symbols, or sizes read at run time."""
+    if not isinstance(x, Sym) or len(free_symbols(x)) != 1:
+        return
+    (name,) = free_symbols(x)
+    ctx = context()
+    lo, hi = ctx.ranges.get(name, (1, None))
+    if name in ctx.runtime or evaluate(x, {name: lo}) >= minimum:
+        return
+    step = 1
+    while evaluate(x, {name: lo + step}) < minimum:
+        step *= 2
+        if step > 1 << 24:
+            return
+    below, least = lo + step // 2, lo + step  # x(below) < minimum <= x(least) (below: lo, step 1)
+    while least - below > 1:
+        mid = (below + least) // 2
+        below, least = (below, mid) if evaluate(x, {name: mid}) >= minimum else (mid, least)
+    if hi is not None and least > hi:
+        raise ValueError(f"{what}: no size of '{name}' in its range {lo}..{hi} gives it "
+                         f"{minimum} or more (it needs {name} >= {least})")
+    ctx.ranges[name] = (least, hi)
 
 
 # ---- evaluation, hints and serialisation ------------------------------------------------------

@@ -325,6 +325,9 @@ def fitted_tile(ei: int, ej: int) -> tuple[int, int]:
     """The shape that wastes the least of its tiles on padding (a 49-row GEMM: 7 x 48 tiles
     instead of 8 full 6-row tiles and one of 1 row, which streams the weight panel as often
     as a full one), less a small charge per extra operand load per FMA; ties keep 6 x 64."""
+    if ei <= 0 or ej <= 0:  # (an empty output: any shape)
+        return FITTED[0]
+
     def score(shape):
         mr, nr = shape
         useful = (ei * ej) / (-(-ei // mr) * mr * -(-ej // nr) * nr)

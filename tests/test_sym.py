@@ -83,6 +83,40 @@ def test_exact_division_of_products():
         (s + 1) / 2
 
 
+def test_division_by_a_sum_it_is_a_multiple_of():
+    x, y = s // 4, b // 4
+    total = 16 + 16 * x + 16 * x * y + 16 * y  # 16 * (1 + x) * (1 + y), expanded
+    assert exact_div(total, 1 + x + x * y + y) == 16
+    assert exact_div(32 * b * x - 32 * b, 8 * b * x - 8 * b) == 4
+    assert exact_div(total, 1 + x + y) is None
+    assert exact_div(s * b + s, b + 1) == s
+    assert exact_div(s * b + 1, b + 1) is None
+
+
+def test_nested_floor_divisions_fold():
+    assert ((s // 5) // 2) // 2 == s // 20
+    assert (s // 3) // 4 == s // 12
+    q = ((s - 7) // 2) // 3  # floor semantics hold for negative values too
+    assert [sym.evaluate(q, {"s": v}) for v in range(1, 30)] == \
+        [((v - 7) // 2) // 3 for v in range(1, 30)]
+
+
+def test_a_window_that_must_fit_raises_the_low_end_of_the_range():
+    ctx = SymContext(ranges={"h": (1, 100)})
+    with using(ctx):
+        # a stride-2 window of 3, then one of 2 (no padding)
+        sym.require_at_least((((Sym.symbol("h") - 1) // 2 - 1) // 2) + 1, 1, "window")
+        assert ctx.ranges["h"] == (3, 100)
+        sym.require_at_least(Sym.symbol("h") - 2, 1, "window")  # a 3-tap window: h >= 3 holds
+        assert ctx.ranges["h"] == (3, 100)
+        sym.require_at_least(Sym.symbol("h") - 9, 1, "a window of 10")
+        assert ctx.ranges["h"] == (10, 100)
+        with pytest.raises(ValueError, match="needs h >= 200"):
+            sym.require_at_least(Sym.symbol("h") - 199, 1, "a window of 200")
+        sym.require_at_least(s - b, 1, "two symbols")  # several symbols: left alone
+        assert "s" not in ctx.ranges and "b" not in ctx.ranges
+
+
 def test_floordiv_that_does_not_simplify_stays_an_atom_and_evaluates_as_floor():
     q = (s + 1) // 2
     assert isinstance(q, Sym) and free_symbols(q) == {"s"}

@@ -356,8 +356,6 @@ def test_more_ops_over_a_symbolic_axis():
         compare(mod, model, {"x": randn(rng, b, s, 6)})
 
 
-@pytest.mark.xfail(strict=True, reason="Resize with float scales over a symbolic axis fails "
-                   "with ModelError (TypeError Sym * float) instead of keeping or binding seq")
 def test_resize_over_a_symbolic_axis_compiles():
     """Resize (nearest, scale 2 along seq): symbolic, or else seq bound with the documented
     RuntimeWarning; either way it runs right at seq=1 (the bound value), and at other sizes if
@@ -375,18 +373,62 @@ def test_resize_over_a_symbolic_axis_compiles():
         compare(mod, model, {"x": randn(rng, b, s, 6)})
 
 
-@pytest.mark.xfail(strict=True, reason="Conv over a symbolic length binds it to 1 (its tiling "
-                   "compares sizes) although a 3-tap unpadded Conv needs >= 3: output dim -1")
-def test_conv_over_a_symbolic_length_never_declares_a_negative_size():
+def test_conv_over_a_symbolic_length_stays_symbolic_from_its_window():
+    """A 3-tap unpadded Conv over ``seq`` needs seq >= 3: the range starts there (the artifact
+    refuses shorter inputs by name), the length stays symbolic, and every size matches ONNX
+    Runtime."""
     rng = np.random.default_rng(26)
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])],
                        [("x", np.float32, ["batch", 6, "seq"])], [("y", np.float32, None)],
                        {"w": randn(rng, 4, 6, 3)})
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # binding seq is allowed (documented)
+        warnings.simplefilter("error", RuntimeWarning)  # nothing bound
         art = deploy.compile(model)
-    for spec in art.manifest["inputs"] + art.manifest["outputs"]:
-        assert all(d >= 1 for d in spec["shape"] if isinstance(d, int)), spec
+    assert art.manifest["dims"]["seq"][0] == 3
+    mod = art.load()
+    for b, s in ((1, 3), (2, 4), (3, 50)):
+        compare(mod, model, {"x": randn(rng, b, 6, s)})
+    with pytest.raises(InputError, match="seq=2 is outside the compiled range >= 3"):
+        mod.run({"x": randn(rng, 1, 6, 2)})
+
+
+def test_strided_windows_then_flatten_keep_height_and_width_symbolic():
+    """Two strided Convs over symbolic h, w, then a Reshape that flattens h' * w' (the patchify
+    pattern): each window must fit (h, w >= 3), so the flattened length divides and nothing is
+    bound; nested floor divisions (h // 2) // 2 fold to h // 4."""
+    rng = np.random.default_rng(27)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c", "w2"], ["c2"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Reshape", ["c2", "shp"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["t", "wm"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [1, 3, "h", "w"])], [("y", np.float32, None)],
+                       {"w1": randn(rng, 8, 3, 3, 3), "w2": randn(rng, 8, 8, 2, 2),
+                        "shp": np.array([1, 8, -1], np.int64), "wm": randn(rng, 8, 5)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        art = deploy.compile(model)
+    mod = art.load()
+    for h, w in ((3, 3), (16, 12), (31, 9)):
+        compare(mod, model, {"x": randn(rng, 1, 3, h, w)})
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_binds_the_sizes_its_tables_need_and_keeps_the_batch(mode):
+    """Resize's tables are made for fixed sizes: symbolic h and w are bound (and said so, not a
+    raw TypeError), while the batch, scaled by 1, stays symbolic."""
+    rng = np.random.default_rng(28)
+    model = make_model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode)],
+                       [("x", np.float32, ["n", 2, "h", "w"])], [("y", np.float32, None)],
+                       {"scales": np.array([1, 1, 2.0, 0.5], np.float32)}, opset=17)
+    with pytest.warns(RuntimeWarning, match=r"h=\d+ \(Resize '.*' resamples axis 2, of size h"):
+        art = deploy.compile(model, dims={"h": (4, 64), "w": (6, 64)})
+    spec = art.manifest["inputs"][0]["shape"]
+    assert spec[0]["sym"] == "n" and spec[1:] == [2, 4, 6], spec
+    mod = art.load()
+    for n in (1, 3):
+        compare(mod, model, {"x": randn(rng, n, 2, 4, 6)})
 
 
 # ---- small torch modules exported with dynamic axes --------------------------------------------

@@ -16,6 +16,7 @@ from ...graph_ir.ops import contraction as ct
 from ...graph_ir.ops import elementwise as ew
 from ...graph_ir.ops import movement as mv
 from ...graph_ir.ops import nn
+from ...graph_ir.sym import SymbolicError, free_symbols
 from ...graph_ir.types import DType
 from .convert_movement import reshape_to
 from .registry import converter
@@ -432,6 +433,9 @@ def _resample(cx, node, x, axes_sizes: dict, scales: dict, roi: dict, **opts):
     for a in range(len(x.shape)):
         n_in, n_out, sc = x.shape[a], axes_sizes.get(a, x.shape[a]), scales.get(a, 1.0)
         r = roi.get(a, (0.0, 1.0))
+        if n_out is n_in and sc == 1.0 and np.allclose(r, (0.0, 1.0)):
+            continue  # (an axis left alone, a symbolic batch)
+        _fixed_size(node, a, n_in)
         if n_out == n_in and np.isclose(sc, 1.0) and np.allclose(r, (0.0, 1.0)):
             continue
         idx, w = nn.resize_table(n_in, n_out, sc, roi=r, **opts)
@@ -444,9 +448,21 @@ def _resample(cx, node, x, axes_sizes: dict, scales: dict, roi: dict, **opts):
                    extrapolation_value=float(cx.attr(node, "extrapolation_value", 0.0)))
 
 
+def _fixed_size(node, axis: int, n) -> None:
+    """Resize's index and weight tables are made at compile time, for fixed sizes: a symbolic
+    size is bound (SymbolicError: the compiler binds it and says so)."""
+    if not isinstance(n, int):
+        raise SymbolicError(f"Resize '{node.name}' resamples axis {axis}, of size {n}, with "
+                            "tables made for a fixed size", free_symbols(n))
+
+
 def _sizes_and_scales(cx, node, x, scales, sizes, axes):
     rank = len(x.shape)
     out_sizes, out_scales = {}, {}
+    for a in axes:
+        if sizes is not None and sizes.size or scales is not None and scales.size and \
+                float(scales[axes.index(a)]) != 1.0:
+            _fixed_size(node, a, x.shape[a])
     if sizes is not None and sizes.size:
         sizes = [int(v) for v in sizes]
         s = {a: sizes[k] / x.shape[a] for k, a in enumerate(axes)}
@@ -460,7 +476,8 @@ def _sizes_and_scales(cx, node, x, scales, sizes, axes):
         out_sizes = {a: sizes[k] for k, a in enumerate(axes)}
     elif scales is not None and scales.size:
         out_scales = {a: float(scales[k]) for k, a in enumerate(axes)}
-        out_sizes = {a: int(np.floor(x.shape[a] * float(scales[k]))) for k, a in enumerate(axes)}
+        out_sizes = {a: x.shape[a] if float(scales[k]) == 1.0 else  # (a symbolic batch)
+                     int(np.floor(x.shape[a] * float(scales[k]))) for k, a in enumerate(axes)}
     else:
         raise ValueError("Resize needs non-empty 'scales' or 'sizes'")
     del rank

@@ -201,6 +201,24 @@ for _target, _name in UNARY.items():
     aten(_target, needs=(_name, "Cast"))(_unary(_name))
 
 
+@aten(A.trunc, A.fix, needs=("Floor", "Ceil", "Where", "Less", "Cast"))
+def convert_trunc(cx, node, x):
+    return _trunc(cx, cx.tensor(x, cx.out_dtype()))
+
+
+@aten(A.erfc, needs=("Erf", "Sub", "Cast"))
+def convert_erfc(cx, node, x):
+    dt = cx.out_dtype()
+    return cx.op("Sub", cx.scalar(1.0, dt), cx.op("Erf", cx.tensor(x, dt)))
+
+
+@aten(A.hypot, needs=("Mul", "Add", "Sqrt", "Cast"))
+def convert_hypot(cx, node, x, y):
+    dt = cx.out_dtype()
+    x, y = _operands(cx, dt, x, y)
+    return cx.op("Sqrt", cx.op("Add", cx.op("Mul", x, x), cx.op("Mul", y, y)))
+
+
 @aten(A.isnan, needs=("IsNaN",))
 def convert_isnan(cx, node, x):
     return cx.op("IsNaN", x)

@@ -286,6 +286,57 @@ def convert_embedding(cx, node, weight, indices, *rest):
     return cx.op("Gather", weight, indices, axis=0)
 
 
+@aten(A.scatter.src, A.scatter.value, A.scatter_add.default, needs=("ScatterElements", "Expand",
+                                                                     "Cast"))
+def convert_scatter(cx, node, x, dim, index, src, reduce=None):
+    # out = x, then out[.., index[i], ..] = src[i] (later duplicates win) or += src[i]
+    if reduce is not None:
+        raise ValueError(f"scatter reduce={reduce!r}: not supported")
+    add = node.target == A.scatter_add.default
+    src = cx.tensor(src, x.dtype)
+    if tuple(src.shape) != tuple(index.shape):  # a value, or a larger src: its leading block
+        src = cx.op("Expand", src, shape=tuple(index.shape)) if rank(src) == 0 else \
+            _leading_block(cx, src, index.shape)
+    return cx.op("ScatterElements", x, index, src, axis=norm_dim(dim, rank(x)),
+                 reduction="add" if add else "none")
+
+
+def _leading_block(cx, v, shape):
+    for d, n in enumerate(shape):
+        v = slice_axis(cx, v, d, 0, 1, n)
+    return v
+
+
+@aten(A.slice_scatter, needs=("Concat", "Slice", "ScatterElements", "Cast"))
+def convert_slice_scatter(cx, node, x, src, dim=0, start=None, end=None, step=1):
+    # x with x[.., start:end:step, ..] = src: the kept parts around it joined (step 1), or the
+    # rows written by index (a fixed step over fixed sizes)
+    dim = norm_dim(dim, rank(x))
+    src = cx.tensor(src, x.dtype)
+    start = None if start is None else cx.size(start)
+    end = None if end is None else cx.size(end)
+    lo, size = slice_bounds(x.shape[dim], start, end, int(step))
+    if int(step) == 1:
+        head = slice_axis(cx, x, dim, 0, 1, lo)
+        tail = slice_axis(cx, x, dim, lo + size, 1, x.shape[dim] - lo - size)
+        parts = [p for p, n in ((head, lo), (src, size), (tail, x.shape[dim] - lo - size))
+                 if not (isinstance(n, int) and n == 0)]
+        return parts[0] if len(parts) == 1 else cx.op("Concat", *parts, axis=dim)
+    rows = (lo + int(step) * np.arange(int(size))).reshape(
+        [-1 if d == dim else 1 for d in range(rank(x))])
+    index = cx.b.const(np.broadcast_to(rows, [int(n) for n in src.shape]).copy(),
+                       "slice_scatter_rows", DType.int64)
+    return cx.op("ScatterElements", x, index, src, axis=dim)
+
+
+@aten(A.copy.default, needs=("Expand", "Cast"))
+def convert_copy(cx, node, x, src, non_blocking=False):
+    # x's shape and dtype, src's values (broadcast)
+    src = cx.tensor(src, x.dtype)
+    return src if tuple(src.shape) == tuple(x.shape) else \
+        cx.op("Expand", src, shape=tuple(x.shape))
+
+
 @aten(A.gather, needs=("GatherElements",))
 def convert_gather(cx, node, x, dim, index, sparse_grad=False):
     return cx.op("GatherElements", x, index, axis=norm_dim(dim, rank(x)))

@@ -11,7 +11,8 @@ import math
 import numpy as np
 import torch
 
-from ...graph_ir.sym import Sym
+from ...graph_ir.ops import nn as core_nn
+from ...graph_ir.sym import Sym, SymbolicError, free_symbols
 from ...graph_ir.types import DType
 from .registry import aten, norm_dim, prod, rank
 
@@ -159,6 +160,61 @@ def convert_adaptive_avg_pool(cx, node, x, output_size):
     return _pool(cx, x, "avg", k, k, 0)
 
 
+# ---- resampling (F.interpolate) ------------------------------------------------------------
+
+def _resample(cx, x, output_size, scale_factors, **opts):
+    """``x`` resampled over its spatial axes (2 onwards) as ONNX Resize does (``resize_table``,
+    one index and weight table per axis changed): to ``output_size``, or by ``scale_factors``
+    (then the size is floor(n * scale) and the coordinates map by that scale, as torch does
+    when it does not recompute the scale)."""
+    spatial = list(x.shape[2:])
+    for a, n in enumerate(spatial):
+        if not isinstance(n, int):
+            raise SymbolicError(f"interpolate resamples axis {a + 2}, of size {n}, with tables "
+                                "made for a fixed size", free_symbols(n))
+    if output_size is not None:
+        out = [int(cx.size(o)) for o in output_size]
+        scales = [o / n for o, n in zip(out, spatial)]
+    else:
+        scales = [float(f) for f in scale_factors]
+        out = [math.floor(n * f) for n, f in zip(spatial, scales)]
+    tables, axes = [], []
+    for k, (n, o, sc) in enumerate(zip(spatial, out, scales)):
+        if o == n and sc == 1.0:
+            continue
+        idx, w = core_nn.resize_table(n, o, sc, **opts)
+        axes.append(k + 2)
+        tables += [cx.b.const(idx, f"resize_idx{k + 2}", DType.int64),
+                   cx.b.const(w, f"resize_w{k + 2}", DType.float64)]
+    return cx.op("Resample", x, *tables, axes=tuple(axes)) if axes else x
+
+
+@aten(A.upsample_nearest1d.vec, A.upsample_nearest2d.vec, A.upsample_nearest3d.vec,
+      needs=("Resample",))
+def convert_upsample_nearest(cx, node, x, output_size, scale_factors):
+    # source index floor(dst / scale)
+    return _resample(cx, x, output_size, scale_factors, mode="nearest", coord_mode="asymmetric",
+                     nearest_mode="floor")
+
+
+@aten(A._upsample_nearest_exact1d.vec, A._upsample_nearest_exact2d.vec,
+      A._upsample_nearest_exact3d.vec, needs=("Resample",))
+def convert_upsample_nearest_exact(cx, node, x, output_size, scale_factors):
+    # source index floor((dst + 0.5) / scale)
+    return _resample(cx, x, output_size, scale_factors, mode="nearest", coord_mode="half_pixel",
+                     nearest_mode="round_prefer_ceil")
+
+
+@aten(A.upsample_linear1d.vec, A.upsample_bilinear2d.vec, A.upsample_trilinear3d.vec,
+      A.upsample_bicubic2d.vec, needs=("Resample",))
+def convert_upsample_linear(cx, node, x, output_size, align_corners, scale_factors):
+    # half-pixel centres (a negative linear source clamps to 0, as torch's does), or corners
+    # aligned; bicubic: a = -0.75, edge values past the border
+    mode = "cubic" if "bicubic" in str(node.target) else "linear"
+    return _resample(cx, x, output_size, scale_factors, mode=mode, cubic_a=-0.75,
+                     coord_mode="align_corners" if align_corners else "half_pixel")
+
+
 # ---- softmax and normalization -------------------------------------------------------------
 
 @aten(A._softmax, A.softmax.int, needs=("Softmax", "Cast"))
@@ -219,6 +275,19 @@ def convert_batch_norm(cx, node, x, weight, bias, mean, var, momentum, eps):
         cx.op("Sub", bias, cx.op("Mul", mean, s))
     y = _channel_affine(cx, x, s, shift)
     return [y, None, None]
+
+
+@aten(A._native_batch_norm_legit.no_stats, needs=("Normalize", "Transpose", "Reshape", "Mul",
+                                                  "Add"), check=_stats_unused)
+def convert_batch_norm_batch_stats(cx, node, x, weight, bias, training, momentum, eps):
+    # statistics of the batch itself, per channel over every other axis (instance norm
+    # exports this on (1, N * C, *spatial)): channels first, normalized over the rest
+    perm = (1, 0) + tuple(range(2, rank(x)))
+    t = cx.op("Transpose", x, perm=perm)
+    rows = cx.reshape(t, (x.shape[1], prod(t.shape[1:])))
+    y = cx.op("Normalize", rows, axes=(1,), mode="std", epsilon=float(eps))
+    y = cx.op("Transpose", cx.reshape(y, t.shape), perm=perm)
+    return [_channel_affine(cx, y, weight, bias), None, None]
 
 
 @aten(A.batch_norm.default, needs=("Mul", "Add", "Sub", "Sqrt", "Div", "Reshape"),

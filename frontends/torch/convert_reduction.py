@@ -125,3 +125,25 @@ def convert_cumsum(cx, node, x, dim, dtype=None):
 def convert_topk(cx, node, x, k, dim=-1, largest=True, sorted=True):
     return cx.emit("TopK", [x], k=int(k), axis=norm_dim(dim, rank(x)), largest=int(largest),
                    sorted=int(sorted))
+
+
+@aten(A.linalg_vector_norm.default, needs=("Abs", "Mul", "Pow", "Sqrt", "ReduceSum", "ReduceMax",
+                                           "ReduceMin", "Equal", "Not", "Cast"))
+def convert_vector_norm(cx, node, x, ord=2, dim=None, keepdim=False, dtype=None):
+    # ||x||_ord over dim: 2 (sqrt of the sum of squares), 1, inf / -inf (largest / smallest
+    # magnitude), 0 (the nonzero count), else (sum |x|^ord)^(1/ord)
+    dt = cx.out_dtype()
+    x = cx.tensor(x, dt)
+    axes, p = axes_of(x, dim), float(ord)
+    if p == 2:
+        return cx.op("Sqrt", reduce(cx, "ReduceSum", cx.op("Mul", x, x), axes, keepdim))
+    mag = cx.op("Abs", x)
+    if p == 1:
+        return reduce(cx, "ReduceSum", mag, axes, keepdim)
+    if p in (float("inf"), float("-inf")):
+        return reduce(cx, "ReduceMax" if p > 0 else "ReduceMin", mag, axes, keepdim)
+    if p == 0:
+        nonzero = cx.op("Not", cx.op("Equal", x, cx.scalar(0, dt)))
+        return reduce(cx, "ReduceSum", cx.cast(nonzero, dt), axes, keepdim)
+    total = reduce(cx, "ReduceSum", cx.op("Pow", mag, cx.scalar(p, dt)), axes, keepdim)
+    return cx.op("Pow", total, cx.scalar(1.0 / p, dt))

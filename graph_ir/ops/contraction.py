@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from ..sym import context
+from ..sym import context, require_at_least
 from .registry import REQUIRED, Kind, broadcast_shapes, define, same_dtype
 
 
@@ -52,8 +52,11 @@ MatMul = define("MatMul", Kind.CONTRACTION, _matmul_shape,
 # ---- convolution ---------------------------------------------------------------------------
 
 def conv_out_dim(n: int, k: int, stride: int, dil: int, pb: int, pe: int) -> int:
-    """Output extent of a (floor-mode) sliding window: (n + pads - dil*(k-1) - 1) // stride + 1."""
-    return (n + pb + pe - dil * (k - 1) - 1) // stride + 1
+    """Output extent of a (floor-mode) sliding window: (n + pads - dil*(k-1) - 1) // stride + 1.
+    Over a symbolic extent the window must fit once: the symbol's range starts where it does."""
+    out = (n + pb + pe - dil * (k - 1) - 1) // stride + 1
+    require_at_least(out, 1, f"a window of {k} (stride {stride}, dilation {dil}, pads {pb}, {pe})")
+    return out
 
 
 def _check_conv(x, w, attrs, op: str):

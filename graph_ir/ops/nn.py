@@ -11,6 +11,7 @@ import itertools
 
 import numpy as np
 
+from ..sym import require_at_least
 from ..types import DType
 from .registry import REQUIRED, Kind, define, norm_axis, same_dtype
 
@@ -28,6 +29,7 @@ def pool_out_dim(n: int, k: int, s: int, d: int, pb: int, pe: int, ceil_mode: bo
     out = (-(-span // s) if ceil_mode else span // s) + 1
     if ceil_mode and (out - 1) * s >= n + pb:
         out -= 1
+    require_at_least(out, 1, f"a pooling window of {k} (stride {s}, dilation {d}, pads {pb}, {pe})")
     return out
 
 

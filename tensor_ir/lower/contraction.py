@@ -12,6 +12,7 @@ from __future__ import annotations
 from ...graph_ir import ops
 from ...graph_ir.ops.contraction import einsum_dims, parse_einsum
 from ...graph_ir.ops.nn import compute_dtype
+from ...graph_ir.sym import smax
 from ..expr import INDEX, B, Const, R, Reduce, binary, cast, const, select, sym_prod
 from ..kernel import Buffer, Stage, compute, reduce_vars, scatter
 from .elementwise import broadcast_index
@@ -166,7 +167,7 @@ def _conv_direct(ctx: LowerCtx):
     pitch = _pitches(padded)
     p_ext = _round_up(out.shape[2] * pitch[0], VEC)
     reach = sum((kernel[i] - 1) * dil[i] * pitch[i] for i in range(nsp))
-    length = max(_prod(padded), p_ext + reach)
+    length = smax(_prod(padded), p_ext + reach)  # (symbolic: either may be larger)
     acc = compute_dtype(out.dtype)
     stages = []
     if not any(pads) and length == _prod(sp):
