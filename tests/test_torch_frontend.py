@@ -417,6 +417,10 @@ SWEEP = [
     ("slice_scatter_step", "aten.slice_scatter.default",
      lambda x, u: torch.slice_scatter(x, u, dim=0, step=2), [rnd(5, 3), rnd(3, 3)]),
     ("copy_broadcast", None, lambda x, y: x.clone().copy_(y), [rnd(3, 4), rnd(4)]),
+    ("as_strided", "aten.as_strided.default",
+     lambda x: torch.as_strided(x, (3, 2, 2), (4, 1, 2), 1), [rnd(4, 4)]),
+    ("as_strided_windows", "aten.as_strided.default",
+     lambda x: (x + 1).as_strided((2, 2, 2, 3), (12, 3, 6, 1)), [rnd(4, 6)]),
     # creation
     ("arange", "aten.arange.start_step", lambda x: x + torch.arange(1, 9, 2), [rnd(3, 4)]),
     ("full", "aten.full.default", lambda x: x * torch.full((3, 1), 2.0), [rnd(3, 4)]),

@@ -329,6 +329,30 @@ def convert_slice_scatter(cx, node, x, src, dim=0, start=None, end=None, step=1)
     return cx.op("ScatterElements", x, index, src, axis=dim)
 
 
+def _as_strided_check(node):
+    x = node.args[0].meta["val"]
+    sizes = [*x.shape, *node.args[1], *node.args[2]]
+    if not all(isinstance(d, int) for d in sizes):
+        return "symbolic sizes or strides"
+    return None if x.is_contiguous() else "a non-contiguous input"
+
+
+@aten(A.as_strided.default, A.as_strided_copy.default, needs=("Gather", "Reshape"),
+      check=_as_strided_check)
+def convert_as_strided(cx, node, x, size, stride, storage_offset=None):
+    # element [i0, i1, ..] of the result is x's storage (x contiguous) at
+    # offset + sum(i_k * stride_k): one gather by a constant index table
+    index = np.full([int(d) for d in size], int(storage_offset or 0), np.int64)
+    for k, (n, st) in enumerate(zip(size, stride)):
+        index += (np.arange(int(n), dtype=np.int64) * int(st)).reshape(
+            [-1 if j == k else 1 for j in range(len(size))])
+    total = int(prod(x.shape))
+    if index.size and not 0 <= int(index.min()) <= int(index.max()) < total:
+        raise ValueError(f"as_strided: reads past the {total} elements of its input")
+    flat = cx.reshape(x, (total,))
+    return cx.op("Gather", flat, cx.b.const(index, "as_strided_index", DType.int64), axis=0)
+
+
 @aten(A.copy.default, needs=("Expand", "Cast"))
 def convert_copy(cx, node, x, src, non_blocking=False):
     # x's shape and dtype, src's values (broadcast)
