@@ -353,6 +353,14 @@ def floordiv(a, b):
     return Sym.atom(Op("floordiv", (a, b)))
 
 
+def truncation_floors(a: Op) -> bool:
+    """Whether C's truncating ``/`` and ``%`` give the floor division and modulo of the
+    ``floordiv`` / ``mod`` atom ``a``: its numerator is never negative and its divisor always
+    positive (``(seq - 1) // -2``, a strided Slice's size, is not)."""
+    (nlo, _), (dlo, _) = bounds(a.args[0]), bounds(a.args[1])
+    return nlo is not None and nlo >= 0 and dlo is not None and dlo > 0
+
+
 def _floordiv_atom(a) -> tuple | None:
     """(x, c) where ``a`` is exactly ``x // c`` for a positive constant ``c``, else None."""
     if not isinstance(a, Sym) or len(a.terms) != 1:

@@ -73,11 +73,31 @@ def _cast(ins, attrs):
     return [_obj(ins[0])]
 
 
+def _trunc_div(a, b):
+    """ONNX's integer Div, which truncates toward zero: the floor division where ``a >= 0``,
+    and ``floor((a + b - 1) / b)`` (the ceiling) where it is negative, chosen by
+    ``min(max(-a, 0), 1)`` (1 for an integer a < 0) when the sizes decide neither."""
+    if not isinstance(a, Sym) and not isinstance(b, Sym):
+        q = abs(int(a)) // abs(int(b))
+        return q if (a < 0) == (b < 0) else -q
+    blo, bhi = bounds(b)
+    if bhi is not None and bhi < 0:
+        return -_trunc_div(a, -b)
+    if blo is None or blo <= 0:
+        raise SymbolicError(f"Div of a shape value by {b}, whose sign depends on the sizes",
+                            free_symbols(a) | free_symbols(b))
+    lo, hi = bounds(a)
+    if lo is not None and lo >= 0:
+        return floordiv(a, b)
+    negative = 1 if hi is not None and hi < 0 else smin(smax(-a, 0), 1)
+    return floordiv(a + (b - 1) * negative, b)
+
+
 FOLDS = {
     "Add": _elementwise(lambda a, b: a + b),
     "Sub": _elementwise(lambda a, b: a - b),
     "Mul": _elementwise(lambda a, b: a * b),
-    "Div": _elementwise(floordiv),  # sizes are non-negative: truncation is floor division
+    "Div": _elementwise(lambda a, b: _trunc_div(a, b)),
     "Mod": _elementwise(mod),
     "Max": _elementwise(smax),
     "Min": _elementwise(smin),

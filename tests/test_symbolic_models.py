@@ -226,8 +226,6 @@ def test_slice_with_computed_bounds():
         compare(mod, model, {"x": randn(rng, b, s, 6)})
 
 
-@pytest.mark.xfail(strict=True, reason="C backend renders floordiv by a negative constant "
-                   "(a strided Slice's size ceil((seq-1)/2)) as truncating '/', loops run short")
 def test_slice_with_step_over_a_symbolic_axis():
     rng = np.random.default_rng(15)
     model = _slice_model([], "one", "big", "two", {"one": i64(1), "big": i64(2 ** 62),
@@ -237,8 +235,6 @@ def test_slice_with_step_over_a_symbolic_axis():
         compare(mod, model, {"x": randn(rng, b, s, 6)})
 
 
-@pytest.mark.xfail(strict=True, reason="Slice start -(seq//2) (a computed negative bound whose "
-                   "sign bounds() cannot prove) is clamped to 0 instead of counting from the end")
 def test_slice_with_a_computed_negative_start():
     """x[:, -(seq // 2):] (the last seq//2 rows; all of them when seq // 2 == 0)."""
     rng = np.random.default_rng(16)
@@ -251,8 +247,6 @@ def test_slice_with_a_computed_negative_start():
         compare(mod, model, {"x": randn(rng, b, s, 6)})
 
 
-@pytest.mark.xfail(strict=True, reason="integer Div of shape values folds as floor division "
-                   "(graph_ir/symfold.py); ONNX Div truncates toward zero for negative values")
 def test_integer_div_of_a_negative_shape_value_truncates():
     """Range(trunc((1 - seq) / 2), 1, 1): for seq=4, ONNX gives [-1, 0]."""
     nodes = SHAPE_OF_X[:3] + [helper.make_node("Sub", ["one", "sq"], ["d"]),

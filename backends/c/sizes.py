@@ -2,7 +2,7 @@
 it reads from the int64 dims array passed after its buffers."""
 from __future__ import annotations
 
-from ...graph_ir.sym import Sym, bounds
+from ...graph_ir.sym import Sym, truncation_floors
 
 
 def c_size(x) -> str:
@@ -26,7 +26,7 @@ def _c_atom(a) -> str:
         return size_var(a)
     x, y = (c_size(v) for v in a.args)
     if a.kind in ("floordiv", "mod"):
-        exact = bounds(a.args[0])[0] is not None and bounds(a.args[0])[0] >= 0
+        exact = truncation_floors(a)
         if a.kind == "floordiv":  # floor, also for a negative numerator
             return f"({x} / {y})" if exact else f"dp_floordiv({x}, {y})"
         return f"({x} % {y})" if exact else f"dp_floormod({x}, {y})"

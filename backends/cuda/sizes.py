@@ -8,7 +8,7 @@ truncating division is the floor the runtime evaluates.
 """
 from __future__ import annotations
 
-from ...graph_ir.sym import Sym, bounds
+from ...graph_ir.sym import Sym, truncation_floors
 
 BIG = 2 ** 31 - 1
 
@@ -37,8 +37,7 @@ def _atom(a) -> str:
         return a
     x, y = (cu_size(v) for v in a.args)
     if a.kind in ("floordiv", "mod"):
-        lo = bounds(a.args[0])[0]
-        exact = lo is not None and lo >= 0
+        exact = truncation_floors(a)
         if a.kind == "floordiv":
             return f"({x} / {y})" if exact else f"dp_floordiv({x}, {y})"
         return f"({x} % {y})" if exact else f"dp_floormod({x}, {y})"

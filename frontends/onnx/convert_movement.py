@@ -305,7 +305,7 @@ TO_END = 1 << 31  # a slice bound at least this large means "to the end" of a sy
 def _clamp_bounds(s, e, n, step):
     """ONNX slice bounds made non-negative and clamped into ``[0, n]`` (``[-1, n - 1]`` for
     negative steps), symbolically where ``n`` is a Sym."""
-    s, e = (s + n if _neg(s) else s), (e + n if _neg(e) else e)
+    s, e = _from_end(s, n), _from_end(e, n)
     if isinstance(n, Sym) and not isinstance(e, Sym) and step > 0 and e >= TO_END:
         e = n
     if isinstance(n, Sym) and not isinstance(e, Sym) and step < 0 and e <= -TO_END:
@@ -315,9 +315,18 @@ def _clamp_bounds(s, e, n, step):
     return smin(smax(s, 0), n - 1), smin(smax(e, -1), n - 1)
 
 
-def _neg(v) -> bool:
-    return not isinstance(v, Sym) and v < 0 or isinstance(v, Sym) and bounds(v)[1] is not None \
-        and bounds(v)[1] < 0
+def _from_end(v, n):
+    """A negative bound counts from the end (``v + n``); a symbolic one whose sign depends on
+    the sizes (``-(seq // 2)``: 0 for seq 1) adds ``n`` exactly where it is negative:
+    ``min(max(-v, 0), 1)`` is 1 for an integer v < 0, else 0."""
+    if not isinstance(v, Sym):
+        return v + n if v < 0 else v
+    lo, hi = bounds(v)
+    if hi is not None and hi < 0:
+        return v + n
+    if lo is not None and lo >= 0:
+        return v
+    return v + n * smin(smax(-v, 0), 1)
 
 
 @converter("Slice")
