@@ -212,6 +212,18 @@ def convert_erfc(cx, node, x):
     return cx.op("Sub", cx.scalar(1.0, dt), cx.op("Erf", cx.tensor(x, dt)))
 
 
+@aten(A.atan2, A.arctan2, needs=("Atan", "Div", "Add", "Where", "Less", "GreaterOrEqual",
+                                 "Cast"))
+def convert_atan2(cx, node, y, x):
+    # atan(y / x), plus pi (y >= 0) or minus pi (y < 0) where x < 0
+    dt = cx.out_dtype()
+    y, x = _operands(cx, dt, y, x)
+    base = cx.op("Atan", cx.op("Div", y, x))
+    turn = cx.op("Where", cx.op("GreaterOrEqual", y, cx.scalar(0, dt)), cx.scalar(math.pi, dt),
+                 cx.scalar(-math.pi, dt))
+    return cx.op("Where", cx.op("Less", x, cx.scalar(0, dt)), cx.op("Add", base, turn), base)
+
+
 @aten(A.hypot, needs=("Mul", "Add", "Sqrt", "Cast"))
 def convert_hypot(cx, node, x, y):
     dt = cx.out_dtype()

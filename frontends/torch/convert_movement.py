@@ -243,14 +243,19 @@ def convert_repeat(cx, node, x, repeats):
 
 
 def _pad_check(node):
-    pads = node.args[1]
-    return None if all(isinstance(p, int) and p >= 0 for p in pads) else \
-        "negative (cropping) pads"
+    return None if all(isinstance(p, int) for p in node.args[1]) else "symbolic pads"
 
 
-@aten(A.constant_pad_nd, needs=("Pad",), check=_pad_check)
+@aten(A.constant_pad_nd, needs=("Pad", "Slice"), check=_pad_check)
 def convert_constant_pad(cx, node, x, pad, value=0):
-    return _pad(cx, x, pad, "constant", value)
+    # negative pads crop: the positive ones padded, then the cropped ends sliced off
+    y = _pad(cx, x, [max(int(p), 0) for p in pad], "constant", value)
+    r = rank(x)
+    for k in range(len(pad) // 2):
+        d, lo, hi = r - 1 - k, -min(int(pad[2 * k]), 0), -min(int(pad[2 * k + 1]), 0)
+        if lo or hi:
+            y = slice_axis(cx, y, d, lo, 1, y.shape[d] - lo - hi)
+    return y
 
 
 def _pad(cx, x, pad, mode, value=0):
@@ -305,6 +310,15 @@ def _leading_block(cx, v, shape):
     for d, n in enumerate(shape):
         v = slice_axis(cx, v, d, 0, 1, n)
     return v
+
+
+@aten(A.scatter_reduce.two, needs=("ScatterElements", "Cast"),
+      check=lambda n: None if n.args[4] in ("sum", "prod", "amax", "amin")
+      and n.kwargs.get("include_self", True) else "reduce='mean' or include_self=False")
+def convert_scatter_reduce(cx, node, x, dim, index, src, reduce, include_self=True):
+    how = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}[reduce]
+    return cx.op("ScatterElements", x, index, cx.tensor(src, x.dtype),
+                 axis=norm_dim(dim, rank(x)), reduction=how)
 
 
 @aten(A.slice_scatter, needs=("Concat", "Slice", "ScatterElements", "Cast"))

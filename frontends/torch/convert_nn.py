@@ -215,6 +215,14 @@ def convert_upsample_linear(cx, node, x, output_size, align_corners, scale_facto
                      coord_mode="align_corners" if align_corners else "half_pixel")
 
 
+@aten(A.grid_sampler_2d, A.grid_sampler_3d, needs=("GridSample",))
+def convert_grid_sampler(cx, node, x, grid, interpolation, padding, align_corners):
+    # torch's integer codes: bilinear / nearest / bicubic; zeros / border / reflection
+    return cx.op("GridSample", x, grid, mode=("linear", "nearest", "cubic")[int(interpolation)],
+                 padding_mode=("zeros", "border", "reflection")[int(padding)],
+                 align_corners=int(bool(align_corners)))
+
+
 # ---- softmax and normalization -------------------------------------------------------------
 
 @aten(A._softmax, A.softmax.int, needs=("Softmax", "Cast"))

@@ -121,6 +121,12 @@ def convert_cumsum(cx, node, x, dim, dtype=None):
     return cx.op("CumSum", x, axis=norm_dim(dim, rank(x)))
 
 
+@aten(A.cumprod, needs=("CumProd", "Cast"))
+def convert_cumprod(cx, node, x, dim, dtype=None):
+    x = cx.tensor(x, cx.out_dtype())
+    return cx.op("CumProd", x, axis=norm_dim(dim, rank(x)))
+
+
 @aten(A.topk, needs=("TopK",))
 def convert_topk(cx, node, x, k, dim=-1, largest=True, sorted=True):
     return cx.emit("TopK", [x], k=int(k), axis=norm_dim(dim, rank(x)), largest=int(largest),
