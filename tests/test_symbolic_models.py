@@ -408,6 +408,21 @@ def test_strided_windows_then_flatten_keep_height_and_width_symbolic():
         compare(mod, model, {"x": randn(rng, 1, 3, h, w)})
 
 
+@pytest.mark.parametrize("coord, rounding", [("asymmetric", "floor"),
+                                              ("half_pixel", "round_prefer_floor")])
+def test_nearest_resize_by_whole_factors_stays_symbolic(coord, rounding):
+    """Nearest upsampling by whole factors (2 and 3) over symbolic h and w is a repeat: no
+    tables, no binding, every size matches ONNX Runtime."""
+    rng = np.random.default_rng(29)
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest",
+                            coordinate_transformation_mode=coord, nearest_mode=rounding)
+    model = make_model([node], [("x", np.float32, ["n", 2, "h", "w"])], [("y", np.float32, None)],
+                       {"scales": np.array([1, 1, 2.0, 3.0], np.float32)}, opset=17)
+    mod = compile_symbolic(model, ["n", "h", "w"])
+    for shape in ((1, 2, 3, 4), (2, 2, 5, 1), (1, 2, 16, 9)):
+        compare(mod, model, {"x": randn(rng, *shape)})
+
+
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_resize_binds_the_sizes_its_tables_need_and_keeps_the_batch(mode):
     """Resize's tables are made for fixed sizes: symbolic h and w are bound (and said so, not a

@@ -100,6 +100,31 @@ def test_transformer_block_one_artifact_every_size():
         mod.run([np.zeros((2, 129, 32), np.float32)])
 
 
+class Upsample(nn.Module):
+    """A decoder step: a conv, 2x nearest upsampling, a conv over the larger map."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.head(nn.functional.interpolate(self.conv(x), scale_factor=2, mode="nearest"))
+
+
+def test_nearest_upsampling_by_whole_factors_keeps_height_and_width_symbolic():
+    torch.manual_seed(0)
+    module = Upsample().eval()
+    ep = torch.export.export(module, (torch.randn(1, 3, 8, 12),), dynamic_shapes={
+        "x": {2: Dim("h", min=2, max=256), 3: Dim("w", min=2, max=256)}})
+    art = deploy.compile(ep)
+    assert art.manifest["symbols"] == ["h", "w"]
+    assert "bound_symbols" not in art.manifest["provenance"]
+    mod = art.load()
+    g = torch.Generator().manual_seed(3)
+    for hh, ww in ((2, 2), (8, 12), (31, 17)):
+        check(mod, module, torch.randn(1, 3, hh, ww, generator=g))
+
+
 def test_shapes_still_bind(mlp):
     module, ep = mlp
     art = deploy.compile(ep, shapes={"x": (5, 16)})

@@ -18,6 +18,7 @@ from ...graph_ir.ops import movement as mv
 from ...graph_ir.ops import nn
 from ...graph_ir.sym import SymbolicError, free_symbols
 from ...graph_ir.types import DType
+from ..resample import repeat_nearest, whole_factors
 from .convert_movement import reshape_to
 from .registry import converter
 
@@ -495,15 +496,20 @@ def convert_resize(cx, node, ins):
     axes = [a % rank for a in _ints(cx.attr(node, "axes"), range(rank))]
     scales = cx.const_of(scales_v, "Resize's scales") if scales_v is not None else None
     sizes = cx.const_of(sizes_v, "Resize's sizes") if sizes_v is not None else None
-    sizes_d, scales_d = _sizes_and_scales(cx, node, x, scales, sizes, axes)
     coord = cx.attr(node, "coordinate_transformation_mode", "half_pixel")
+    mode = cx.attr(node, "mode", "nearest")
+    if scales is not None and scales.size and (sizes is None or not sizes.size):
+        factors = whole_factors(x.shape, {a: float(scales[k]) for k, a in enumerate(axes)}, mode,
+                                coord, cx.attr(node, "nearest_mode", "round_prefer_floor"))
+        if factors:  # (symbolic sizes: repeats instead of tables)
+            return [repeat_nearest(cx.b, x, factors, node.name)]
+    sizes_d, scales_d = _sizes_and_scales(cx, node, x, scales, sizes, axes)
     roi = {}
     if coord == "tf_crop_and_resize" and roi_v is not None:
         r = cx.const_of(roi_v, "Resize's roi").astype(np.float64)
         n = len(r) // 2
         keys = axes if n == len(axes) else list(range(rank))
         roi = {a: (r[k], r[n + k]) for k, a in enumerate(keys)}
-    mode = cx.attr(node, "mode", "nearest")
     return [_resample(cx, node, x, sizes_d, scales_d, roi, mode=mode, coord_mode=coord,
                       nearest_mode=cx.attr(node, "nearest_mode", "round_prefer_floor"),
                       cubic_a=float(cx.attr(node, "cubic_coeff_a", -0.75)),

@@ -14,6 +14,7 @@ import torch
 from ...graph_ir.ops import nn as core_nn
 from ...graph_ir.sym import Sym, SymbolicError, free_symbols
 from ...graph_ir.types import DType
+from ..resample import repeat_nearest, whole_factors
 from .registry import aten, norm_dim, prod, rank
 
 A = torch.ops.aten
@@ -168,6 +169,11 @@ def _resample(cx, x, output_size, scale_factors, **opts):
     (then the size is floor(n * scale) and the coordinates map by that scale, as torch does
     when it does not recompute the scale)."""
     spatial = list(x.shape[2:])
+    if output_size is None:
+        factors = whole_factors(x.shape, {a + 2: float(f) for a, f in enumerate(scale_factors)},
+                                opts["mode"], opts["coord_mode"], opts.get("nearest_mode", ""))
+        if factors:  # (symbolic sizes: repeats instead of tables)
+            return repeat_nearest(cx.b, x, factors, cx.node.name)
     for a, n in enumerate(spatial):
         if not isinstance(n, int):
             raise SymbolicError(f"interpolate resamples axis {a + 2}, of size {n}, with tables "
