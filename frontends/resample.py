@@ -1,16 +1,25 @@
-"""Nearest-neighbour resizing by whole factors as repeats, shared by the frontends.
+"""Resizing over symbolic sizes, shared by the frontends (ONNX ``Resize``, ``F.interpolate``).
 
 ONNX ``Resize`` and torch's ``F.interpolate`` resample through index and weight tables made for
 fixed sizes (``graph_ir.ops.nn.resize_table``). Upsampling by whole factors in nearest mode needs
 none: output ``i`` reads input ``i // s`` under the coordinate rules below, so the resize is
 ``Reshape`` (a unit axis after each resized one), ``Expand`` (that axis to ``s``) and ``Reshape``
 (merged): any size, symbolic ones included (an FPN's or a U-Net's 2x upsampling over an open
-height and width).
+height and width). Other nearest and linear resizes of a symbolic axis compute their tables
+when they run (``runtime_tables``); fixed axes keep tables made at compile time.
 """
 from __future__ import annotations
 
+from fractions import Fraction
+
+import numpy as np
+
+from ..graph_ir.ops import elementwise as ew
 from ..graph_ir.ops import movement as mv
-from ..graph_ir.sym import Sym
+from ..graph_ir.ops import nn as core_nn
+from ..graph_ir.sym import Sym, SymbolicError, floordiv, free_symbols
+from ..graph_ir.symfold import sym_array
+from ..graph_ir.types import DType
 
 # (coordinate rule, nearest rounding) pairs under which output i of a whole factor s reads
 # input i // s: asymmetric i / s floored; half-pixel (i + 0.5) / s - 0.5, within 0.5 - 0.5 / s
@@ -46,3 +55,94 @@ def repeat_nearest(b, x, factors: dict, name: str = ""):
     y = b.op(mv.Reshape, x, name=name, shape=tuple(unit))
     y = b.op(mv.Expand, y, name=name, shape=tuple(wide))
     return b.op(mv.Reshape, y, name=name, shape=tuple(merged))
+
+
+# ---- index and weight tables computed at run time (symbolic sizes) --------------------------
+
+RUNTIME_COORDS = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners")
+ROUNDINGS = ("floor", "ceil", "round_prefer_floor", "round_prefer_ceil")
+
+
+def runtime_tables_ok(mode: str, coord: str, nearest: str, antialias: bool = False) -> bool:
+    """Whether ``runtime_tables`` computes this resize (cubic, antialiasing and crops keep
+    tables made for fixed sizes)."""
+    return coord in RUNTIME_COORDS and not antialias and (
+        mode == "linear" or mode == "nearest" and nearest in ROUNDINGS)
+
+
+def runtime_tables(b, n_in, n_out, scale, mode: str, coord: str, nearest: str):
+    """(idx, w) as ``resize_table`` makes them, computed by the graph from the sizes (``Sym``)
+    when it runs, in float32 as ONNX Runtime computes them: output i's source coordinate by
+    ``coord`` (``scale`` the constant one given, else n_out / n_in), then the nearest input by
+    ``nearest`` (one tap, weight 1) or its two neighbours with linear weights (two taps), the
+    indices clamped into the input."""
+    f32, i64 = DType.float32, DType.int64
+
+    def num(v, dtype=f32):
+        return b.const(np.asarray(v, dtype.np), "resize_c", dtype)
+
+    def size(n):
+        return b.op(ew.Cast, b.materialize(b.sym_const(sym_array([n], ()), "size")), to=f32)
+
+    def op(o, *xs, **kw):
+        return b.op(o, *xs, **kw)
+
+    i = op(ew.Cast, op(mv.Range, start=0, limit=n_out, delta=1, dtype=i64), to=f32)
+    nin, nout = size(n_in), size(n_out)
+    ratio = num(1.0 / scale) if scale is not None else op(ew.Div, nin, nout)
+    if coord == "asymmetric":
+        x = op(ew.Mul, i, ratio) if scale is None else op(ew.Div, i, num(scale))
+    elif coord == "align_corners":
+        span = op(ew.Div, op(ew.Sub, nin, num(1.0)), op(ew.Sub, nout, num(1.0)))
+        x = op(ew.Where, op(ew.Greater, nout, num(1.0)), op(ew.Mul, i, span), num(0.0))
+    else:
+        centre = op(ew.Add, i, num(0.5))
+        x = op(ew.Sub, op(ew.Mul, centre, ratio) if scale is None else
+               op(ew.Div, centre, num(scale)), num(0.5))
+        if coord == "pytorch_half_pixel":
+            x = op(ew.Where, op(ew.Greater, nout, num(1.0)), x, num(0.0))
+    last = op(ew.Sub, nin, num(1.0))
+
+    def index(v):
+        clamped = op(ew.Min, op(ew.Max, v, num(0.0)), last)
+        return op(mv.Reshape, op(ew.Cast, clamped, to=i64), shape=(n_out, 1))
+
+    if mode == "nearest":
+        r = {"floor": lambda: op(ew.Floor, x), "ceil": lambda: op(ew.Ceil, x),
+             "round_prefer_floor": lambda: op(ew.Ceil, op(ew.Sub, x, num(0.5))),
+             "round_prefer_ceil": lambda: op(ew.Floor, op(ew.Add, x, num(0.5)))}[nearest]()
+        ones = op(mv.Expand, num(np.ones((1, 1), np.float64), DType.float64), shape=(n_out, 1))
+        return index(r), ones
+    x0 = op(ew.Floor, x)
+    frac = op(ew.Cast, op(ew.Sub, x, x0), to=DType.float64)
+    w0 = op(ew.Sub, num(1.0, DType.float64), frac)
+    idx = op(mv.Concat, index(x0), index(op(ew.Add, x0, num(1.0))), axis=1)
+    w = op(mv.Concat, op(mv.Reshape, w0, shape=(n_out, 1)), op(mv.Reshape, frac, shape=(n_out, 1)),
+           axis=1)
+    return idx, w
+
+
+def scaled_size(n, scale: float):
+    """floor(n * scale), exactly for a symbolic n (the float's exact fraction)."""
+    if not isinstance(n, Sym):
+        return int(np.floor(n * scale))
+    frac = Fraction(scale)
+    return floordiv(n * frac.numerator, frac.denominator)
+
+
+def axis_tables(b, n_in, n_out, scale, opts: dict, roi=(0.0, 1.0), name: str = "resize"):
+    """One resized axis's (idx, w) Values: made now by ``resize_table`` for fixed sizes
+    (``scale`` None: n_out / n_in), computed when it runs (``runtime_tables``) where a size is
+    symbolic; SymbolicError (the compiler binds the size) where neither applies."""
+    if isinstance(n_in, int) and isinstance(n_out, int):
+        idx, w = core_nn.resize_table(n_in, n_out, n_out / n_in if scale is None else scale,
+                                      roi=roi, **opts)
+        return b.const(idx, f"{name}_idx", DType.int64), b.const(w, f"{name}_w", DType.float64)
+    mode, coord = opts.get("mode", "nearest"), opts.get("coord_mode", "half_pixel")
+    nearest = opts.get("nearest_mode", "round_prefer_floor")
+    if not runtime_tables_ok(mode, coord, nearest, opts.get("antialias", False)) or \
+            tuple(roi) != (0.0, 1.0):
+        raise SymbolicError(f"resizing an axis of size {n_in} in mode {mode} with coordinates "
+                            f"{coord}: tables made for a fixed size",
+                            free_symbols(n_in) | free_symbols(n_out))
+    return runtime_tables(b, n_in, n_out, scale, mode, coord, nearest)

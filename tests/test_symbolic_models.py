@@ -423,15 +423,35 @@ def test_nearest_resize_by_whole_factors_stays_symbolic(coord, rounding):
         compare(mod, model, {"x": randn(rng, *shape)})
 
 
-@pytest.mark.parametrize("mode", ["nearest", "linear"])
-def test_resize_binds_the_sizes_its_tables_need_and_keeps_the_batch(mode):
-    """Resize's tables are made for fixed sizes: symbolic h and w are bound (and said so, not a
-    raw TypeError), while the batch, scaled by 1, stays symbolic."""
+@pytest.mark.parametrize("mode, coord, rounding, scales", [
+    ("linear", "half_pixel", "round_prefer_floor", [1, 1, 2.0, 0.5]),
+    ("linear", "align_corners", "floor", [1, 1, 1.5, 2.0]),
+    ("linear", "pytorch_half_pixel", "floor", [1, 1, 0.5, 0.25]),
+    ("nearest", "half_pixel", "round_prefer_ceil", [1, 1, 0.5, 1.5]),
+    ("nearest", "asymmetric", "round_prefer_floor", [1, 1, 2.0, 3.0])])
+def test_resize_over_symbolic_sizes_computes_its_tables_when_it_runs(mode, coord, rounding,
+                                                                      scales):
+    """Linear and nearest Resize over symbolic h and w: the index and weight tables are computed
+    from the sizes when the artifact runs (output sizes floor(h * scale), exactly), every size
+    matches ONNX Runtime, empty outputs included."""
     rng = np.random.default_rng(28)
-    model = make_model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode)],
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode,
+                            coordinate_transformation_mode=coord, nearest_mode=rounding)
+    model = make_model([node], [("x", np.float32, ["n", 2, "h", "w"])], [("y", np.float32, None)],
+                       {"scales": np.array(scales, np.float32)}, opset=17)
+    mod = compile_symbolic(model, ["h", "n", "w"])
+    for shape in ((1, 2, 3, 4), (2, 2, 5, 1), (1, 2, 16, 9), (1, 2, 1, 1)):
+        compare(mod, model, {"x": randn(rng, *shape)})
+
+
+def test_cubic_resize_binds_the_sizes_its_tables_need_and_keeps_the_batch():
+    """Cubic tables are made for fixed sizes: symbolic h and w are bound (and said so), while the
+    batch, scaled by 1, stays symbolic."""
+    rng = np.random.default_rng(28)
+    model = make_model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="cubic")],
                        [("x", np.float32, ["n", 2, "h", "w"])], [("y", np.float32, None)],
                        {"scales": np.array([1, 1, 2.0, 0.5], np.float32)}, opset=17)
-    with pytest.warns(RuntimeWarning, match=r"h=\d+ \(Resize '.*' resamples axis 2, of size h"):
+    with pytest.warns(RuntimeWarning, match=r"h=\d+ \(resizing an axis of size h in mode cubic"):
         art = deploy.compile(model, dims={"h": (4, 64), "w": (6, 64)})
     spec = art.manifest["inputs"][0]["shape"]
     assert spec[0]["sym"] == "n" and spec[1:] == [2, 4, 6], spec

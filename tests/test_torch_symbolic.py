@@ -125,6 +125,32 @@ def test_nearest_upsampling_by_whole_factors_keeps_height_and_width_symbolic():
         check(mod, module, torch.randn(1, 3, hh, ww, generator=g))
 
 
+class Decoder(nn.Module):
+    """SegFormer's decode step: a strided feature map resized (bilinear) to the input's own
+    height and width, then added to it."""
+
+    def __init__(self):
+        super().__init__()
+        self.down, self.lat = nn.Conv2d(3, 6, 3, stride=2, padding=1), nn.Conv2d(3, 6, 1)
+
+    def forward(self, x):
+        y = nn.functional.interpolate(self.down(x), size=x.shape[2:], mode="bilinear")
+        return self.lat(x) + y
+
+
+def test_bilinear_resize_to_a_symbolic_size():
+    torch.manual_seed(0)
+    module = Decoder().eval()
+    ep = torch.export.export(module, (torch.randn(1, 3, 8, 12),), dynamic_shapes={
+        "x": {2: Dim("h", min=3, max=256), 3: Dim("w", min=3, max=256)}})  # (torch: h // 2 > 1)
+    art = deploy.compile(ep)
+    assert art.manifest["symbols"] == ["h", "w"]
+    mod = art.load()
+    g = torch.Generator().manual_seed(4)
+    for hh, ww in ((3, 3), (8, 12), (31, 17)):
+        check(mod, module, torch.randn(1, 3, hh, ww, generator=g))
+
+
 def test_shapes_still_bind(mlp):
     module, ep = mlp
     art = deploy.compile(ep, shapes={"x": (5, 16)})

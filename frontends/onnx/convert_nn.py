@@ -18,7 +18,7 @@ from ...graph_ir.ops import movement as mv
 from ...graph_ir.ops import nn
 from ...graph_ir.sym import SymbolicError, free_symbols
 from ...graph_ir.types import DType
-from ..resample import repeat_nearest, whole_factors
+from ..resample import axis_tables, repeat_nearest, scaled_size, whole_factors
 from .convert_movement import reshape_to
 from .registry import converter
 
@@ -436,38 +436,31 @@ def _resample(cx, node, x, axes_sizes: dict, scales: dict, roi: dict, **opts):
         r = roi.get(a, (0.0, 1.0))
         if n_out is n_in and sc == 1.0 and np.allclose(r, (0.0, 1.0)):
             continue  # (an axis left alone, a symbolic batch)
-        _fixed_size(node, a, n_in)
-        if n_out == n_in and np.isclose(sc, 1.0) and np.allclose(r, (0.0, 1.0)):
+        if isinstance(n_in, int) and n_out == n_in and sc is not None and np.isclose(sc, 1.0) \
+                and np.allclose(r, (0.0, 1.0)):
             continue
-        idx, w = nn.resize_table(n_in, n_out, sc, roi=r, **opts)
         axes.append(a)
-        tables += [cx.b.const(idx, f"{node.name}_idx{a}", DType.int64),
-                   cx.b.const(w, f"{node.name}_w{a}", DType.float64)]
+        tables += axis_tables(cx.b, n_in, n_out, sc, opts, tuple(r), f"{node.name}_{a}")
     if not axes:
         return x
     return cx.b.op(nn.Resample, x, *tables, name=node.name, axes=tuple(axes),
                    extrapolation_value=float(cx.attr(node, "extrapolation_value", 0.0)))
 
 
-def _fixed_size(node, axis: int, n) -> None:
-    """Resize's index and weight tables are made at compile time, for fixed sizes: a symbolic
-    size is bound (SymbolicError: the compiler binds it and says so)."""
-    if not isinstance(n, int):
-        raise SymbolicError(f"Resize '{node.name}' resamples axis {axis}, of size {n}, with "
-                            "tables made for a fixed size", free_symbols(n))
-
-
 def _sizes_and_scales(cx, node, x, scales, sizes, axes):
+    """Per resized axis its output size and its scale (None: n_out / n_in, a symbolic n_in's
+    computed when it runs)."""
     rank = len(x.shape)
     out_sizes, out_scales = {}, {}
-    for a in axes:
-        if sizes is not None and sizes.size or scales is not None and scales.size and \
-                float(scales[axes.index(a)]) != 1.0:
-            _fixed_size(node, a, x.shape[a])
     if sizes is not None and sizes.size:
         sizes = [int(v) for v in sizes]
-        s = {a: sizes[k] / x.shape[a] for k, a in enumerate(axes)}
+        s = {a: sizes[k] / x.shape[a] if isinstance(x.shape[a], int) else None
+             for k, a in enumerate(axes)}
         policy = cx.attr(node, "keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch" and None in s.values():
+            syms = set().union(*(free_symbols(x.shape[a]) for a in axes))
+            raise SymbolicError(f"Resize '{node.name}' keeps the aspect ratio of symbolic "
+                                "sizes", syms)
         if policy != "stretch":
             pick = min if policy == "not_larger" else max
             common = pick(s.values())
@@ -478,7 +471,7 @@ def _sizes_and_scales(cx, node, x, scales, sizes, axes):
     elif scales is not None and scales.size:
         out_scales = {a: float(scales[k]) for k, a in enumerate(axes)}
         out_sizes = {a: x.shape[a] if float(scales[k]) == 1.0 else  # (a symbolic batch)
-                     int(np.floor(x.shape[a] * float(scales[k]))) for k, a in enumerate(axes)}
+                     scaled_size(x.shape[a], float(scales[k])) for k, a in enumerate(axes)}
     else:
         raise ValueError("Resize needs non-empty 'scales' or 'sizes'")
     del rank

@@ -11,10 +11,9 @@ import math
 import numpy as np
 import torch
 
-from ...graph_ir.ops import nn as core_nn
-from ...graph_ir.sym import Sym, SymbolicError, free_symbols
+from ...graph_ir.sym import Sym
 from ...graph_ir.types import DType
-from ..resample import repeat_nearest, whole_factors
+from ..resample import axis_tables, repeat_nearest, scaled_size, whole_factors
 from .registry import aten, norm_dim, prod, rank
 
 A = torch.ops.aten
@@ -174,24 +173,17 @@ def _resample(cx, x, output_size, scale_factors, **opts):
                                 opts["mode"], opts["coord_mode"], opts.get("nearest_mode", ""))
         if factors:  # (symbolic sizes: repeats instead of tables)
             return repeat_nearest(cx.b, x, factors, cx.node.name)
-    for a, n in enumerate(spatial):
-        if not isinstance(n, int):
-            raise SymbolicError(f"interpolate resamples axis {a + 2}, of size {n}, with tables "
-                                "made for a fixed size", free_symbols(n))
-    if output_size is not None:
-        out = [int(cx.size(o)) for o in output_size]
-        scales = [o / n for o, n in zip(out, spatial)]
+    if output_size is not None:  # (the coordinates scale by n_out / n_in)
+        out, scales = [cx.size(o) for o in output_size], [None] * len(spatial)
     else:
         scales = [float(f) for f in scale_factors]
-        out = [math.floor(n * f) for n, f in zip(spatial, scales)]
+        out = [scaled_size(n, f) for n, f in zip(spatial, scales)]
     tables, axes = [], []
     for k, (n, o, sc) in enumerate(zip(spatial, out, scales)):
-        if o == n and sc == 1.0:
+        if o is n or isinstance(n, int) and o == n and sc in (None, 1.0):
             continue
-        idx, w = core_nn.resize_table(n, o, sc, **opts)
         axes.append(k + 2)
-        tables += [cx.b.const(idx, f"resize_idx{k + 2}", DType.int64),
-                   cx.b.const(w, f"resize_w{k + 2}", DType.float64)]
+        tables += axis_tables(cx.b, n, o, sc, opts, name=f"{cx.node.name}_{k + 2}")
     return cx.op("Resample", x, *tables, axes=tuple(axes)) if axes else x
 
 
