@@ -444,6 +444,27 @@ def test_resize_over_symbolic_sizes_computes_its_tables_when_it_runs(mode, coord
         compare(mod, model, {"x": randn(rng, *shape)})
 
 
+def test_resize_to_the_size_of_another_tensor():
+    """SegFormer's decoder: a stride-2 convolution's map resized (linear) back to the input's
+    height and width, its sizes read off the input with Shape (symbolic): tables computed when
+    it runs."""
+    rng = np.random.default_rng(30)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Shape", ["c"], ["cs"]),
+             helper.make_node("Shape", ["x"], ["xs"]),
+             helper.make_node("Slice", ["cs", "i0", "i2"], ["lead"]),
+             helper.make_node("Slice", ["xs", "i2", "i4"], ["hw"]),
+             helper.make_node("Concat", ["lead", "hw"], ["sizes"], axis=0),
+             helper.make_node("Resize", ["c", "", "", "sizes"], ["y"], mode="linear")]
+    model = make_model(nodes, [("x", np.float32, [1, 3, "h", "w"])], [("y", np.float32, None)],
+                       {"w": randn(rng, 4, 3, 3, 3), "i0": i64(0), "i2": i64(2), "i4": i64(4)},
+                       opset=17)
+    mod = compile_symbolic(model, ["h", "w"])
+    for shape in ((1, 3, 5, 7), (1, 3, 16, 9), (1, 3, 2, 2)):
+        compare(mod, model, {"x": randn(rng, *shape)})
+
+
 def test_cubic_resize_binds_the_sizes_its_tables_need_and_keeps_the_batch():
     """Cubic tables are made for fixed sizes: symbolic h and w are bound (and said so), while the
     batch, scaled by 1, stays symbolic."""

@@ -16,7 +16,7 @@ from ...graph_ir.ops import contraction as ct
 from ...graph_ir.ops import elementwise as ew
 from ...graph_ir.ops import movement as mv
 from ...graph_ir.ops import nn
-from ...graph_ir.sym import SymbolicError, free_symbols
+from ...graph_ir.sym import Sym, SymbolicError, free_symbols
 from ...graph_ir.types import DType
 from ..resample import axis_tables, repeat_nearest, scaled_size, whole_factors
 from .convert_movement import reshape_to
@@ -453,12 +453,13 @@ def _sizes_and_scales(cx, node, x, scales, sizes, axes):
     rank = len(x.shape)
     out_sizes, out_scales = {}, {}
     if sizes is not None and sizes.size:
-        sizes = [int(v) for v in sizes]
-        s = {a: sizes[k] / x.shape[a] if isinstance(x.shape[a], int) else None
-             for k, a in enumerate(axes)}
+        sizes = [v if isinstance(v, Sym) else int(v) for v in sizes]  # (a Shape's: symbolic)
+        s = {a: sizes[k] / x.shape[a] if isinstance(x.shape[a], int) and
+             isinstance(sizes[k], int) else None for k, a in enumerate(axes)}
         policy = cx.attr(node, "keep_aspect_ratio_policy", "stretch")
         if policy != "stretch" and None in s.values():
-            syms = set().union(*(free_symbols(x.shape[a]) for a in axes))
+            syms = set().union(*(free_symbols(x.shape[a]) | free_symbols(n)
+                                 for a, n in zip(axes, sizes)))
             raise SymbolicError(f"Resize '{node.name}' keeps the aspect ratio of symbolic "
                                 "sizes", syms)
         if policy != "stretch":
