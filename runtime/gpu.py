@@ -205,8 +205,14 @@ class GpuModule:
                 continue
             plan = self.gpu["kernels"][step["symbol"]]
             for launch in choose_variant(plan, self._env):
-                out.append(self._prepare_launch(step, launch, ptr))
+                if not self._empty(launch):
+                    out.append(self._prepare_launch(step, launch, ptr))
         return out
+
+    def _empty(self, launch: dict) -> bool:
+        """A launch over no programs (a symbolic grid of 0 at these sizes: an empty output,
+        which the driver would refuse as an invalid argument) is left out."""
+        return bool(self._env) and any(_size(g, self._env) <= 0 for g in launch["grid"])
 
     def _slab_plan(self, slab_ptr: int) -> Plan:
         """The plan with each direct output (and its views) at its place in the slab."""

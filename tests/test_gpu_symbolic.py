@@ -95,3 +95,55 @@ def test_symbolic_artifact_on_the_gpu(gpt2_tiny, tmp_path):
     art = deploy.compile(str(gpt2_tiny), target="h100", dtype="fp16")
     with deploy.load(art.save(tmp_path / "m.dpk")) as mod:
         _sweep(mod, gpt2_tiny, 1e-2)
+
+
+def _resize_and_slice():
+    """A linear Resize over symbolic h, w (tables computed when it runs) and a strided Slice
+    over them, empty at h = 1 (its kernels then have no programs)."""
+    from onnx import helper
+
+    from tests.util import make_model
+    i64 = lambda v: np.array([v], np.int64)
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["r"], mode="linear"),
+             helper.make_node("Slice", ["x", "one", "big", "ax2", "two"], ["s"])]
+    return make_model(nodes, [("x", np.float32, [1, 2, "h", "w"])],
+                      [("r", np.float32, None), ("s", np.float32, None)],
+                      {"scales": np.array([1, 1, 2.0, 0.5], np.float32), "one": i64(1),
+                       "big": i64(2 ** 62), "ax2": i64(2), "two": i64(2)}, opset=17)
+
+
+def _run_resize_and_slice(mod, model):
+    rng = np.random.default_rng(5)
+    for shape in ((1, 2, 1, 1), (1, 2, 5, 4), (1, 2, 16, 9)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        ours = [np.asarray(o) for o in mod.run({"x": x})]
+        ref = _ort_model(model, {"x": x})
+        for o, r in zip(ours, ref):
+            assert o.shape == r.shape, f"{shape}: {o.shape} vs ORT {r.shape}"
+            np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)
+
+
+def _ort_model(model, inputs):
+    import onnxruntime as ort
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, inputs)
+
+
+def test_resize_and_empty_slices_interpreted(tmp_path):
+    model = _resize_and_slice()
+    art = deploy.compile(model, target="h100", aot=False)
+    with deploy.load(art.save(tmp_path / "m.dpk"), device=InterpretDevice()) as mod:
+        _run_resize_and_slice(mod, model)
+
+
+@pytest.mark.gpu
+def test_resize_and_empty_slices_on_the_gpu(tmp_path):
+    try:
+        import ctypes
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        pytest.skip("no CUDA driver")
+    model = _resize_and_slice()
+    art = deploy.compile(model, target="h100")
+    with deploy.load(art.save(tmp_path / "m.dpk")) as mod:
+        _run_resize_and_slice(mod, model)
