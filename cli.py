@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``deploy`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
     debug = args.debug or config.debug_level() >= 2
+    shown = warnings.showwarning
+    if not debug:  # a warning is a line for the user, not the line of deploy that raised it
+        warnings.showwarning = _show_warning
     try:
         return int(args.func(args) or 0)
     except DeployError as e:
@@ -58,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
                          "input shapes (see --shape)", 1, debug)
         return _fail(f"internal error (a deploy bug): {type(e).__name__}: {e}. Rerun with "
                      "--debug for the traceback and please report it.", EXIT_INTERNAL, debug)
+    finally:
+        warnings.showwarning = shown
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"deploy: warning: {message}", file=file or sys.stderr)
 
 
 def _fail(message: str, code: int, debug: bool) -> int:

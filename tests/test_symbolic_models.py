@@ -795,6 +795,18 @@ def deploy_cli(*args, cwd=None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, check=False)
 
 
+def test_cli_says_what_it_bound_in_one_warning_line(tmp_path):
+    model = make_model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="cubic")],
+                       [("x", np.float32, ["n", 2, "h", "w"])], [("y", np.float32, None)],
+                       {"scales": np.array([1, 1, 2.0, 0.5], np.float32)}, opset=17)
+    onnx.save(model, tmp_path / "m.onnx")
+    res = deploy_cli("compile", tmp_path / "m.onnx", "-o", tmp_path / "m.dpk")
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines[0].startswith("deploy: warning: symbolic size(s) bound for the whole artifact: h=1 (resizing")
+    assert "RuntimeWarning" not in res.stderr and "deploy_compile(" not in res.stderr, res.stderr
+
+
 def test_cli_compile_run_inspect_with_dims(tmp_path):
     rng = np.random.default_rng(50)
     onnx.save(_two_input_model(rng), tmp_path / "m.onnx")
