@@ -70,55 +70,68 @@ def runtime_tables_ok(mode: str, coord: str, nearest: str, antialias: bool = Fal
         mode == "linear" or mode == "nearest" and nearest in ROUNDINGS)
 
 
+class _Ops:
+    """Builder shorthands for the table graphs: float32 constants, sizes as run-time floats."""
+
+    def __init__(self, b):
+        self.b = b
+
+    def __call__(self, op, *xs, **kw):
+        return self.b.op(op, *xs, **kw)
+
+    def num(self, v, dtype=DType.float32):
+        return self.b.const(np.asarray(v, dtype.np), "resize_c", dtype)
+
+    def size(self, n):
+        v = self.b.materialize(self.b.sym_const(sym_array([n], ()), "size"))
+        return self(ew.Cast, v, to=DType.float32)
+
+
+def _source_coords(o: _Ops, i, n_in, n_out, scale, coord: str):
+    """Output i's source coordinate (float32) by ``coord``; ``scale`` the constant given, else
+    n_out / n_in at run time."""
+    nin, nout = o.size(n_in), o.size(n_out)
+    if coord == "align_corners":
+        span = o(ew.Div, o(ew.Sub, nin, o.num(1.0)), o(ew.Sub, nout, o.num(1.0)))
+        return o(ew.Where, o(ew.Greater, nout, o.num(1.0)), o(ew.Mul, i, span), o.num(0.0))
+    def scaled(v):  # v / scale
+        return o(ew.Div, v, o.num(scale)) if scale is not None else \
+            o(ew.Mul, v, o(ew.Div, nin, nout))
+    if coord == "asymmetric":
+        return scaled(i)
+    x = o(ew.Sub, scaled(o(ew.Add, i, o.num(0.5))), o.num(0.5))
+    if coord == "pytorch_half_pixel":
+        x = o(ew.Where, o(ew.Greater, nout, o.num(1.0)), x, o.num(0.0))
+    return x
+
+
 def runtime_tables(b, n_in, n_out, scale, mode: str, coord: str, nearest: str):
     """(idx, w) as ``resize_table`` makes them, computed by the graph from the sizes (``Sym``)
-    when it runs, in float32 as ONNX Runtime computes them: output i's source coordinate by
-    ``coord`` (``scale`` the constant one given, else n_out / n_in), then the nearest input by
-    ``nearest`` (one tap, weight 1) or its two neighbours with linear weights (two taps), the
-    indices clamped into the input."""
-    f32, i64 = DType.float32, DType.int64
+    when it runs, in float32 as ONNX Runtime computes them: the source coordinate by ``coord``,
+    then the nearest input by ``nearest`` (one tap, weight 1) or its two neighbours with linear
+    weights (two taps), the indices clamped into the input."""
+    o = _Ops(b)
+    i = o(ew.Cast, o(mv.Range, start=0, limit=n_out, delta=1, dtype=DType.int64),
+          to=DType.float32)
+    x = _source_coords(o, i, n_in, n_out, scale, coord)
+    last = o(ew.Sub, o.size(n_in), o.num(1.0))
 
-    def num(v, dtype=f32):
-        return b.const(np.asarray(v, dtype.np), "resize_c", dtype)
-
-    def size(n):
-        return b.op(ew.Cast, b.materialize(b.sym_const(sym_array([n], ()), "size")), to=f32)
-
-    def op(o, *xs, **kw):
-        return b.op(o, *xs, **kw)
-
-    i = op(ew.Cast, op(mv.Range, start=0, limit=n_out, delta=1, dtype=i64), to=f32)
-    nin, nout = size(n_in), size(n_out)
-    ratio = num(1.0 / scale) if scale is not None else op(ew.Div, nin, nout)
-    if coord == "asymmetric":
-        x = op(ew.Mul, i, ratio) if scale is None else op(ew.Div, i, num(scale))
-    elif coord == "align_corners":
-        span = op(ew.Div, op(ew.Sub, nin, num(1.0)), op(ew.Sub, nout, num(1.0)))
-        x = op(ew.Where, op(ew.Greater, nout, num(1.0)), op(ew.Mul, i, span), num(0.0))
-    else:
-        centre = op(ew.Add, i, num(0.5))
-        x = op(ew.Sub, op(ew.Mul, centre, ratio) if scale is None else
-               op(ew.Div, centre, num(scale)), num(0.5))
-        if coord == "pytorch_half_pixel":
-            x = op(ew.Where, op(ew.Greater, nout, num(1.0)), x, num(0.0))
-    last = op(ew.Sub, nin, num(1.0))
-
-    def index(v):
-        clamped = op(ew.Min, op(ew.Max, v, num(0.0)), last)
-        return op(mv.Reshape, op(ew.Cast, clamped, to=i64), shape=(n_out, 1))
+    def column(v, dtype=None):  # an (n_out, 1) column; an index clamped into the input
+        if dtype is None:
+            v = o(ew.Cast, o(ew.Min, o(ew.Max, v, o.num(0.0)), last), to=DType.int64)
+        return o(mv.Reshape, v, shape=(n_out, 1))
 
     if mode == "nearest":
-        r = {"floor": lambda: op(ew.Floor, x), "ceil": lambda: op(ew.Ceil, x),
-             "round_prefer_floor": lambda: op(ew.Ceil, op(ew.Sub, x, num(0.5))),
-             "round_prefer_ceil": lambda: op(ew.Floor, op(ew.Add, x, num(0.5)))}[nearest]()
-        ones = op(mv.Expand, num(np.ones((1, 1), np.float64), DType.float64), shape=(n_out, 1))
-        return index(r), ones
-    x0 = op(ew.Floor, x)
-    frac = op(ew.Cast, op(ew.Sub, x, x0), to=DType.float64)
-    w0 = op(ew.Sub, num(1.0, DType.float64), frac)
-    idx = op(mv.Concat, index(x0), index(op(ew.Add, x0, num(1.0))), axis=1)
-    w = op(mv.Concat, op(mv.Reshape, w0, shape=(n_out, 1)), op(mv.Reshape, frac, shape=(n_out, 1)),
-           axis=1)
+        r = {"floor": lambda: o(ew.Floor, x), "ceil": lambda: o(ew.Ceil, x),
+             "round_prefer_floor": lambda: o(ew.Ceil, o(ew.Sub, x, o.num(0.5))),
+             "round_prefer_ceil": lambda: o(ew.Floor, o(ew.Add, x, o.num(0.5)))}[nearest]()
+        ones = o(mv.Expand, o.num(np.ones((1, 1)), DType.float64), shape=(n_out, 1))
+        return column(r), ones
+    x0 = o(ew.Floor, x)
+    frac = o(ew.Cast, o(ew.Sub, x, x0), to=DType.float64)
+    w0 = o(ew.Sub, o.num(1.0, DType.float64), frac)
+    idx = o(mv.Concat, column(x0), column(o(ew.Add, x0, o.num(1.0))), axis=1)
+    w = o(mv.Concat, column(w0, DType.float64), column(frac, DType.float64), axis=1)
     return idx, w
 
 
@@ -141,7 +154,7 @@ def axis_tables(b, n_in, n_out, scale, opts: dict, roi=(0.0, 1.0), name: str = "
     mode, coord = opts.get("mode", "nearest"), opts.get("coord_mode", "half_pixel")
     nearest = opts.get("nearest_mode", "round_prefer_floor")
     if not runtime_tables_ok(mode, coord, nearest, opts.get("antialias", False)) or \
-            tuple(roi) != (0.0, 1.0):
+            tuple(roi) != (0.0, 1.0) or opts.get("exclude_outside"):
         raise SymbolicError(f"resizing an axis of size {n_in} in mode {mode} with coordinates "
                             f"{coord}: tables made for a fixed size",
                             free_symbols(n_in) | free_symbols(n_out))
