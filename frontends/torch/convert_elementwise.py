@@ -224,6 +224,29 @@ def convert_atan2(cx, node, y, x):
     return cx.op("Where", cx.op("Less", x, cx.scalar(0, dt)), cx.op("Add", base, turn), base)
 
 
+@aten(A.copysign, needs=("Abs", "Neg", "Where", "Less", "Or", "Div", "Cast"))
+def convert_copysign(cx, node, x, y):
+    # |x| with y's sign, -0.0 included: y < 0, or 1 / y < 0 (y = -0.0 gives -inf)
+    dt = cx.out_dtype()
+    x, y = _operands(cx, dt, x, y)
+    zero = cx.scalar(0, dt)
+    negative = cx.op("Or", cx.op("Less", y, zero),
+                     cx.op("Less", cx.op("Div", cx.scalar(1, dt), y), zero))
+    mag = cx.op("Abs", x)
+    return cx.op("Where", negative, cx.op("Neg", mag), mag)
+
+
+def _shift(direction: str):
+    def convert(cx, node, x, y):
+        dt = cx.out_dtype()
+        return cx.op("BitShift", *_operands(cx, dt, x, y), direction=direction)
+    return convert
+
+
+aten(A.__lshift__, A.bitwise_left_shift, needs=("BitShift", "Cast"))(_shift("LEFT"))
+aten(A.__rshift__, A.bitwise_right_shift, needs=("BitShift", "Cast"))(_shift("RIGHT"))
+
+
 @aten(A.hypot, needs=("Mul", "Add", "Sqrt", "Cast"))
 def convert_hypot(cx, node, x, y):
     dt = cx.out_dtype()

@@ -367,6 +367,41 @@ def convert_as_strided(cx, node, x, size, stride, storage_offset=None):
     return cx.op("Gather", flat, cx.b.const(index, "as_strided_index", DType.int64), axis=0)
 
 
+def _fixed_dims(node):
+    x = node.args[0].meta["val"]
+    return None if all(isinstance(d, int) for d in x.shape) else "symbolic sizes"
+
+
+@aten(A.diagonal.default, A.diagonal_copy.default, needs=("Transpose", "Reshape", "Gather"),
+      check=_fixed_dims)
+def convert_diagonal(cx, node, x, offset=0, dim1=0, dim2=1):
+    # the two dims moved last and flattened, then gathered at the diagonal's flat positions;
+    # the diagonal is the last dim (torch's order)
+    r = rank(x)
+    d1, d2, off = norm_dim(dim1, r), norm_dim(dim2, r), int(offset)
+    n1, n2 = int(x.shape[d1]), int(x.shape[d2])
+    rows = np.arange(max(0, -off), min(n1, n2 - off)) if n2 - off > 0 else np.arange(0)
+    index = rows * n2 + rows + off
+    rest = [d for d in range(r) if d not in (d1, d2)]
+    t = cx.op("Transpose", x, perm=tuple(rest + [d1, d2]))
+    flat = cx.reshape(t, tuple(x.shape[d] for d in rest) + (n1 * n2,))
+    return cx.op("Gather", flat, cx.b.const(index.astype(np.int64), "diagonal_index",
+                                            DType.int64), axis=len(rest))
+
+
+@aten(A.unfold.default, needs=("Gather", "Transpose"), check=_fixed_dims)
+def convert_unfold(cx, node, x, dimension, size, step):
+    # windows of `size` every `step` along `dimension`: one gather by an (n, size) index
+    # table, then the window axis moved last
+    d, size, step = norm_dim(dimension, max(rank(x), 1)), int(size), int(step)
+    n = (int(x.shape[d]) - size) // step + 1
+    index = np.arange(n)[:, None] * step + np.arange(size)[None, :]
+    y = cx.op("Gather", x, cx.b.const(index.astype(np.int64), "unfold_index", DType.int64),
+              axis=d)
+    perm = list(range(d + 1)) + list(range(d + 2, rank(x) + 1)) + [d + 1]
+    return cx.op("Transpose", y, perm=tuple(perm))
+
+
 @aten(A.copy.default, needs=("Expand", "Cast"))
 def convert_copy(cx, node, x, src, non_blocking=False):
     # x's shape and dtype, src's values (broadcast)

@@ -160,6 +160,24 @@ def convert_adaptive_avg_pool(cx, node, x, output_size):
     return _pool(cx, x, "avg", k, k, 0)
 
 
+def _adaptive_max_check(node):
+    return _adaptive_check(node) or _only_output0(node)
+
+
+@aten(A.adaptive_max_pool2d, A.adaptive_max_pool3d, A.adaptive_max_pool1d,
+      needs=("Pool", "ReduceMax"), check=_adaptive_max_check)
+def convert_adaptive_max_pool(cx, node, x, output_size):
+    # windows of input / output (dividing), as the average's; the values only
+    out = [int(o) for o in output_size]
+    n = len(out)
+    if all(o == 1 for o in out):
+        y = cx.op("ReduceMax", x, axes=tuple(range(rank(x) - n, rank(x))), keepdims=1)
+    else:
+        k = tuple(i // o for i, o in zip(x.shape[-n:], out))
+        y = _pool(cx, x, "max", k, k, 0)
+    return [y, None]
+
+
 # ---- resampling (F.interpolate) ------------------------------------------------------------
 
 def _resample(cx, x, output_size, scale_factors, **opts):
