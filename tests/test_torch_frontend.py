@@ -129,18 +129,18 @@ def test_model_via_torch_compile(name, caplog, monkeypatch):
 
 
 def test_torch_compile_falls_back_with_one_line(caplog):
-    class Sorts(nn.Module):
+    class CumMax(nn.Module):
         def forward(self, x):
-            return torch.sort(x * 2, dim=-1).values + 1
+            return torch.cummax(x * 2, dim=-1).values + 1
 
     torch._dynamo.reset()
     x = torch.randn(3, 5)
-    compiled = torch.compile(Sorts(), backend="deploy")
+    compiled = torch.compile(CumMax(), backend="deploy")
     with caplog.at_level(logging.WARNING, logger="deploy.torch"), torch.no_grad():
         out = compiled(x)
-    assert_close(out, Sorts()(x), "fallback")
+    assert_close(out, CumMax()(x), "fallback")
     lines = [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
-    assert len(lines) == 1 and "aten.sort" in lines[0], caplog.text
+    assert len(lines) == 1 and "aten.cummax" in lines[0], caplog.text
 
 
 # ---- ATen op sweep ------------------------------------------------------------------------
@@ -442,6 +442,12 @@ SWEEP = [
     ("diagonal_neg", "aten.diagonal.default", lambda x: torch.diagonal(x, -1), [rnd(4, 3)]),
     ("einsum_trace", None, lambda x: torch.einsum("ii->i", x), [rnd(3, 3)]),
     ("unfold", "aten.unfold.default", lambda x: x.unfold(1, 3, 2), [rnd(2, 7, 3)]),
+    ("sort", "aten.sort.default", lambda x: torch.sort(x, dim=1, descending=True).values,
+     [rnd(3, 6)]),
+    ("sort_indices", "aten.sort.default", lambda x: torch.sort(x).indices, [rnd(2, 7)]),
+    ("argsort", None, lambda x: torch.argsort(x, dim=0), [rnd(5, 3)]),
+    ("sort_stable_ties", "aten.sort.stable",
+     lambda x: torch.sort(x, stable=True, descending=True).indices, [ints(4, 9, lo=0, hi=3)]),
     ("as_strided", "aten.as_strided.default",
      lambda x: torch.as_strided(x, (3, 2, 2), (4, 1, 2), 1), [rnd(4, 4)]),
     ("as_strided_windows", "aten.as_strided.default",
@@ -509,7 +515,7 @@ def test_aten_op_sweep_compiled(sweep):
 
 class Unsupported(nn.Module):
     def forward(self, x):
-        y = torch.sort(x, dim=-1).values + torch.sort(x * 2, dim=0).values
+        y = torch.cummax(x, dim=-1).values + torch.cummax(x * 2, dim=0).values
         return torch.special.i0(y) + torch.linalg.det(x)
 
 
@@ -518,17 +524,17 @@ def test_unsupported_ops_listed_at_once():
         import_torch(Unsupported(), example_inputs=(torch.randn(3, 3),))
     err = info.value
     ops = {op: nodes for op, nodes, _ in err.rows}
-    assert "aten.sort.default" in ops and len(ops["aten.sort.default"]) == 2
+    assert "aten.cummax.default" in ops and len(ops["aten.cummax.default"]) == 2
     assert "aten.i0.default" in ops
     assert len(ops) >= 3  # det decomposes into further unsupported ops, listed too
     assert isinstance(err, deploy.UnsupportedOpsError)
-    assert "aten.sort.default x2" in str(err)
+    assert "aten.cummax.default x2" in str(err)
 
 
 def test_list_ops_marks_support():
     rows = list_ops(Unsupported(), example_inputs=(torch.randn(3, 3),))
     by_op = {op: ok for _, op, _, ok in rows}
-    assert by_op["aten.sort.default"] is False and by_op["aten.add.Tensor"] is True
+    assert by_op["aten.cummax.default"] is False and by_op["aten.add.Tensor"] is True
     assert all(len(r) == 4 for r in rows)
 
 

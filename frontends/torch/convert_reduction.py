@@ -133,6 +133,33 @@ def convert_topk(cx, node, x, k, dim=-1, largest=True, sorted=True):
                    sorted=int(sorted))
 
 
+def _sort_args(target, args, kw) -> tuple:
+    """(dim, descending) of ``sort.default(x, dim, descending)`` or ``sort.stable(x, *,
+    stable, dim, descending)``."""
+    if target == A.sort.default:
+        return (args[0] if len(args) > 0 else kw.get("dim", -1),
+                args[1] if len(args) > 1 else kw.get("descending", False))
+    return kw.get("dim", -1), kw.get("descending", False)
+
+
+def _sort_check(node):
+    x = node.args[0].meta["val"]
+    dim, _ = _sort_args(node.target, tuple(node.args[1:]), dict(node.kwargs))
+    return None if x.dim() == 0 or isinstance(x.shape[dim], int) else "a symbolic length"
+
+
+@aten(A.sort.default, A.sort.stable, needs=("TopK",), check=_sort_check)
+def convert_sort(cx, node, x, *args, **kw):
+    # every element, in order: TopK of the whole axis (ties keep the lower index first: a
+    # stable sort either way)
+    dim, descending = _sort_args(node.target, args, kw)
+    if rank(x) == 0:
+        return [x, cx.scalar(0, DType.int64)]
+    axis = norm_dim(dim, rank(x))
+    return cx.emit("TopK", [x], k=int(x.shape[axis]), axis=axis, largest=int(bool(descending)),
+                   sorted=1)
+
+
 @aten(A.linalg_vector_norm.default, needs=("Abs", "Mul", "Pow", "Sqrt", "ReduceSum", "ReduceMax",
                                            "ReduceMin", "Equal", "Not", "Cast"))
 def convert_vector_norm(cx, node, x, ord=2, dim=None, keepdim=False, dtype=None):
